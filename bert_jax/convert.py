@@ -1,0 +1,374 @@
+"""Weights in and out: Hugging Face BERT checkpoints <-> bert_jax parameter trees.
+
+`from_hf(path)` reads a Hugging Face BERT directory (config.json + model.safetensors or
+pytorch_model.bin), with or without the `bert.` prefix and with or without the pre-training heads
+(`cls.predictions.*`, `cls.seq_relationship.*`), and returns `(BertConfig, params)` where `params` is the
+tree of `bert_jax.modeling.BertForPreTraining` (`params["bert"]` is the `BertModel` tree). Heads missing
+from the file are initialised and reported; tensors it does not know are reported, never dropped
+silently (`strict=True` turns both reports into errors).
+
+`to_hf(config, params, out_dir)` writes config.json + model.safetensors that
+`transformers.BertForPreTraining.from_pretrained` (or `BertModel`, for a `BertModel` tree) loads.
+
+Layout differences handled here (Hugging Face -> bert_jax):
+  Linear weight [out, in]                -> kernel [in, out]
+  query/key/value weight [N*H, D]        -> kernel [D, N, H]; bias [N*H] -> [N, H]
+  attention output weight [D, N*H]       -> kernel [N, H, D]
+  LayerNorm weight/bias (or gamma/beta)  -> scale/bias
+  cls.predictions.decoder.weight         -> tied to the word embeddings (checked equal, not stored)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from bert_jax.modeling import BERT_CONFIG_FIELDS, BertConfig, BertForPreTraining
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+PYTORCH_NAME = "pytorch_model.bin"
+
+# Hugging Face buffers and tied copies that carry no parameter of their own.
+_IGNORED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}
+_TIED_DECODER = "cls.predictions.decoder.weight"
+_HEAD_PREFIXES = ("mlm_", "nsp")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    hf: str  # Hugging Face name without the `bert.` prefix ({i} = layer index)
+    ours: str  # "/"-joined path in the BertForPreTraining tree ({i} = layer index)
+    to_ours: Callable[[np.ndarray, BertConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, BertConfig], np.ndarray]
+
+
+def _same(x, c):
+    return x
+
+
+def _transpose(x, c):
+    return x.T
+
+
+def _qkv_kernel_in(x, c):  # [N*H, D] -> [D, N, H]
+    return x.T.reshape(c.hidden_size, c.num_attention_heads, c.head_size)
+
+
+def _qkv_kernel_out(x, c):  # [D, N, H] -> [N*H, D]
+    return x.reshape(c.hidden_size, -1).T
+
+
+def _heads_in(x, c):  # [N*H] -> [N, H]
+    return x.reshape(c.num_attention_heads, c.head_size)
+
+
+def _heads_out(x, c):  # [N, H] -> [N*H]
+    return x.reshape(-1)
+
+
+def _attn_out_in(x, c):  # [D, N*H] -> [N, H, D]
+    return x.T.reshape(c.num_attention_heads, c.head_size, c.hidden_size)
+
+
+def _attn_out_out(x, c):  # [N, H, D] -> [D, N*H]
+    return x.reshape(-1, c.hidden_size).T
+
+
+def _linear(hf, ours):
+    return [_Rule(f"{hf}.weight", f"{ours}/kernel", _transpose, _transpose),
+            _Rule(f"{hf}.bias", f"{ours}/bias", _same, _same)]
+
+
+def _layer_norm(hf, ours):
+    return [_Rule(f"{hf}.weight", f"{ours}/scale", _same, _same),
+            _Rule(f"{hf}.bias", f"{ours}/bias", _same, _same)]
+
+
+def _rules(config: BertConfig) -> list[_Rule]:
+    rules = [
+        _Rule("embeddings.word_embeddings.weight", "bert/embeddings/word_embeddings/embedding", _same, _same),
+        _Rule("embeddings.position_embeddings.weight", "bert/embeddings/position_embeddings/embedding",
+              _same, _same),
+        _Rule("embeddings.token_type_embeddings.weight", "bert/embeddings/token_type_embeddings/embedding",
+              _same, _same),
+        *_layer_norm("embeddings.LayerNorm", "bert/embeddings/LayerNorm"),
+    ]
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"encoder.layer.{i}", f"bert/encoder/layer_{i}"
+        for proj in ("query", "key", "value"):
+            rules += [
+                _Rule(f"{hf}.attention.self.{proj}.weight", f"{ours}/attention/{proj}_kernel",
+                      _qkv_kernel_in, _qkv_kernel_out),
+                _Rule(f"{hf}.attention.self.{proj}.bias", f"{ours}/attention/{proj}_bias", _heads_in, _heads_out),
+            ]
+        rules += [
+            _Rule(f"{hf}.attention.output.dense.weight", f"{ours}/attention/output_kernel",
+                  _attn_out_in, _attn_out_out),
+            _Rule(f"{hf}.attention.output.dense.bias", f"{ours}/attention/output_bias", _same, _same),
+            *_layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}/attention_LayerNorm"),
+            *_linear(f"{hf}.intermediate.dense", f"{ours}/intermediate"),
+            *_linear(f"{hf}.output.dense", f"{ours}/output"),
+            *_layer_norm(f"{hf}.output.LayerNorm", f"{ours}/output_LayerNorm"),
+        ]
+    rules += [
+        *_linear("pooler.dense", "bert/pooler"),
+        *_linear("cls.predictions.transform.dense", "mlm_transform"),
+        *_layer_norm("cls.predictions.transform.LayerNorm", "mlm_LayerNorm"),
+        _Rule("cls.predictions.bias", "mlm_output_bias", _same, _same),
+        *_linear("cls.seq_relationship", "nsp"),
+    ]
+    return rules
+
+
+def stack_layers(params: Mapping[str, Any], num_layers: int) -> dict:
+    """Turns `encoder/layer_{i}` subtrees into one `encoder/layers` tree with a leading [num_layers] axis.
+
+    `params` is a BertForPreTraining tree (with "bert") or a BertModel tree; returns a new tree for a
+    config with `scan_layers=True`.
+    """
+    flat = traverse_util.flatten_dict(dict(params), sep="/")
+    out, layers = {}, {}
+    for path, value in flat.items():
+        parts = path.split("/")
+        if "encoder" in parts and parts[parts.index("encoder") + 1].startswith("layer_"):
+            k = parts.index("encoder") + 1
+            i = int(parts[k][len("layer_"):])
+            layers.setdefault("/".join(parts[:k] + ["layers"] + parts[k + 1:]), {})[i] = value
+        else:
+            out[path] = value
+    for path, per_layer in layers.items():
+        if sorted(per_layer) != list(range(num_layers)):
+            raise ValueError(f"params: {path} has layers {sorted(per_layer)}, expected 0..{num_layers - 1}")
+        out[path] = np.stack([np.asarray(per_layer[i]) for i in range(num_layers)])
+    return traverse_util.unflatten_dict(out, sep="/")
+
+
+def unstack_layers(params: Mapping[str, Any]) -> dict:
+    """Inverse of `stack_layers`: `encoder/layers` [L, ...] leaves -> `encoder/layer_{i}` subtrees."""
+    flat = traverse_util.flatten_dict(dict(params), sep="/")
+    out = {}
+    for path, value in flat.items():
+        parts = path.split("/")
+        if "encoder" in parts and parts[parts.index("encoder") + 1] == "layers":
+            k = parts.index("encoder") + 1
+            for i in range(value.shape[0]):
+                out["/".join(parts[:k] + [f"layer_{i}"] + parts[k + 1:])] = np.asarray(value[i])
+        else:
+            out[path] = value
+    return traverse_util.unflatten_dict(out, sep="/")
+
+
+def _read_config(path: str, overrides: Mapping[str, Any]) -> BertConfig:
+    config_file = os.path.join(path, CONFIG_NAME)
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{config_file}: no config.json in the Hugging Face directory")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            values = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config_file}: not valid JSON ({e})") from None
+    model_type = values.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"{config_file}: model_type {model_type!r} is not a BERT model")
+    missing = [k for k in BERT_CONFIG_FIELDS[:5] if k not in values]
+    if missing:
+        raise ValueError(f"{config_file}: not a BERT config, missing {', '.join(missing)}")
+    if values.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{config_file}: position_embedding_type {values['position_embedding_type']!r} "
+                         "is not supported (only 'absolute', as the original BERT)")
+    return BertConfig.from_dict(values, **overrides)
+
+
+def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
+    st_file, pt_file = os.path.join(path, SAFETENSORS_NAME), os.path.join(path, PYTORCH_NAME)
+    if os.path.isfile(st_file):
+        from safetensors.numpy import load_file
+        try:
+            return st_file, load_file(st_file)
+        except Exception as e:  # safetensors raises its own SafetensorError / OSError variants
+            raise ValueError(f"{st_file}: cannot read safetensors file ({e})") from None
+    if os.path.isfile(pt_file):
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"{pt_file}: reading pytorch_model.bin needs torch; install bert_jax[test] "
+                              "or convert the file to model.safetensors") from None
+        state = torch.load(pt_file, map_location="cpu", weights_only=True)
+        return pt_file, {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
+                         for k, v in state.items()}
+    raise FileNotFoundError(f"{path}: no {SAFETENSORS_NAME} or {PYTORCH_NAME} weight file")
+
+
+def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Strips the `bert.` prefix and maps TF-era `gamma`/`beta` LayerNorm names to weight/bias."""
+    out = {}
+    for name, value in tensors.items():
+        if name.startswith("bert."):
+            name = name[len("bert."):]
+        if name.endswith(".gamma"):
+            name = name[: -len("gamma")] + "weight"
+        elif name.endswith(".beta"):
+            name = name[: -len("beta")] + "bias"
+        out[name] = value
+    return out
+
+
+def _abstract_params(config: BertConfig) -> dict:
+    """Shapes of the (unscanned) BertForPreTraining params, without allocating them."""
+    model = BertForPreTraining(config.replace(scan_layers=False))
+    ids = jnp.zeros((1, 2), jnp.int32)
+    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, masked_lm_positions=ids)))
+    return traverse_util.flatten_dict(shapes["params"], sep="/")
+
+
+def init_params(config: BertConfig, seed: int = 0) -> dict:
+    """Freshly initialised (unboxed) BertForPreTraining params for `config`, as the original's init."""
+    model = BertForPreTraining(config)
+    ids = jnp.zeros((1, 2), jnp.int32)
+    return nn.unbox(jax.jit(model.init)(jax.random.key(seed), ids, masked_lm_positions=ids))["params"]
+
+
+def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_overrides) -> tuple[BertConfig, dict]:
+    """Loads a Hugging Face BERT directory into bert_jax.
+
+    Args:
+      path: directory with config.json and model.safetensors (preferred) or pytorch_model.bin, as
+        written by `save_pretrained` of BertModel / BertForPreTraining / BertForMaskedLM; names with or
+        without the `bert.` prefix.
+      strict: raise instead of reporting missing heads or unknown tensors.
+      seed: PRNG seed for heads that the file lacks.
+      **config_overrides: BertConfig fields to replace (e.g. dtype="bfloat16", scan_layers=True).
+
+    Returns:
+      (config, params): params is the BertForPreTraining tree of numpy / jax arrays in
+      config.param_dtype; `params["bert"]` is the BertModel tree. With scan_layers the layers are stacked.
+
+    Raises:
+      FileNotFoundError: no config.json or no weight file.
+      ValueError: config.json is not BERT; an encoder tensor is missing; a tensor has the wrong shape;
+        with strict, a missing head or an unknown tensor. Each message names the file and the tensor.
+    """
+    config = _read_config(path, config_overrides)
+    weight_file, raw = _read_tensors(path)
+    tensors = _normalise_names(raw)
+    expected = _abstract_params(config)
+    param_dtype = np.dtype(jnp.dtype(config.param_dtype))
+    flat, used, missing_heads = {}, set(), []
+    for rule in _rules(config):
+        if rule.hf not in tensors:
+            if rule.ours.startswith(_HEAD_PREFIXES):
+                missing_heads.append(rule.hf)
+                continue
+            raise ValueError(f"{weight_file}: missing tensor {rule.hf} (or bert.{rule.hf})")
+        value = np.asarray(tensors[rule.hf])
+        try:
+            converted = rule.to_ours(value, config)
+        except ValueError:
+            converted = None
+        want = tuple(expected[rule.ours].shape)
+        if converted is None or converted.shape != want:
+            raise ValueError(f"{weight_file}: tensor {rule.hf} has shape {tuple(value.shape)}, which does not "
+                             f"fit {rule.ours} {want} of config {os.path.join(path, CONFIG_NAME)}")
+        flat[rule.ours] = converted.astype(param_dtype)
+        used.add(rule.hf)
+
+    if _TIED_DECODER in tensors:
+        used.add(_TIED_DECODER)
+        decoder, words = tensors[_TIED_DECODER], tensors["embeddings.word_embeddings.weight"]
+        if decoder.shape != words.shape or not np.array_equal(decoder, words):
+            raise ValueError(f"{weight_file}: tensor {_TIED_DECODER} differs from the word embeddings; "
+                             "bert_jax ties the MLM decoder to them, as the original BERT")
+    unknown = sorted(set(tensors) - used - _IGNORED)
+    if strict and (unknown or missing_heads):
+        raise ValueError(f"{weight_file}: strict load failed: missing heads {missing_heads}, "
+                         f"unknown tensors {unknown}")
+    if unknown:
+        log.warning("%s: %d tensors not used by BertForPreTraining: %s", weight_file, len(unknown), unknown)
+    if missing_heads:
+        log.warning("%s: pre-training heads absent, initialised with seed %d: %s", weight_file, seed,
+                    missing_heads)
+        fresh = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
+        for path_ in expected:
+            if path_ not in flat:
+                flat[path_] = np.asarray(fresh[path_])
+    params = traverse_util.unflatten_dict(flat, sep="/")
+    if config.scan_layers:
+        params = stack_layers(params, config.num_hidden_layers)
+    return config, params
+
+
+def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str) -> None:
+    """Writes `params` as a Hugging Face BERT directory (config.json + model.safetensors).
+
+    Args:
+      config: the model config.
+      params: a BertForPreTraining tree (written as `BertForPreTraining`, names prefixed `bert.`) or a
+        BertModel tree (written as `BertModel`); scanned or unscanned layers.
+      out_dir: created if missing; each file is written to a temporary name and renamed.
+
+    Raises:
+      ValueError: a parameter that the config does not predict, or of the wrong shape.
+    """
+    params = jax.device_get(dict(params))
+    if any("encoder/layers/" in p for p in traverse_util.flatten_dict(params, sep="/")):
+        params = unstack_layers(params)
+    pretraining = "bert" in params
+    flat = traverse_util.flatten_dict(params if pretraining else {"bert": params}, sep="/")
+    expected = _abstract_params(config)
+    tensors = {}
+    for rule in _rules(config):
+        if rule.ours not in flat:
+            if pretraining or not rule.ours.startswith(_HEAD_PREFIXES):
+                raise ValueError(f"params: missing {rule.ours} for {rule.hf}")
+            continue
+        value = np.asarray(flat.pop(rule.ours), dtype=np.float32)
+        if value.shape != tuple(expected[rule.ours].shape):
+            raise ValueError(f"params: {rule.ours} has shape {value.shape}, expected "
+                             f"{tuple(expected[rule.ours].shape)}")
+        name = f"bert.{rule.hf}" if pretraining and not rule.hf.startswith("cls.") else rule.hf
+        tensors[name] = np.ascontiguousarray(rule.to_hf(value, config))
+    if flat:
+        raise ValueError(f"params: entries not part of a BERT model: {sorted(flat)}")
+
+    hf_config = {
+        "architectures": ["BertForPreTraining" if pretraining else "BertModel"],
+        "model_type": "bert",
+        **config.to_dict(),
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "torch_dtype": "float32",
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    from safetensors.numpy import save_file
+
+    _atomic_write(os.path.join(out_dir, SAFETENSORS_NAME),
+                  lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+
+    def write_config(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    _atomic_write(os.path.join(out_dir, CONFIG_NAME), write_config)

@@ -1,0 +1,116 @@
+"""Pre-training and fine-tuning losses and accuracies, pure jnp.
+
+Each function returns `(weighted_sum, denominator)` so that callers divide once, after any
+cross-device reduction; `pretraining_loss` does that division for a single batch. All log-softmaxes are
+computed in float32 whatever the logits' dtype.
+
+Sources: google-research/bert `run_pretraining.py` (`get_masked_lm_output`, `get_next_sentence_output`:
+the masked-LM loss is the weighted mean over real predictions, the total is MLM + NSP, paper appendix
+A.2) and `run_squad.py` (span loss = mean of the start and end cross-entropies).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def _cross_entropy(logits: Array, labels: Array) -> Array:
+    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
+    """Weighted masked-LM cross-entropy.
+
+    Args:
+      logits: [B, P, V] logits at the masked positions (float32 or bfloat16).
+      masked_lm_ids: int32 [B, P] original token ids at those positions (padding entries: any id).
+      masked_lm_weights: float32 [B, P], 1.0 for a real prediction, 0.0 for padding.
+
+    Returns:
+      (sum over positions of weight * nll, sum of weights), both float32 scalars. The original's loss is
+      their ratio (it adds 1e-5 to the denominator; `pretraining_loss` guards the empty case instead).
+    """
+    weights = masked_lm_weights.astype(jnp.float32)
+    return jnp.sum(_cross_entropy(logits, masked_lm_ids) * weights), jnp.sum(weights)
+
+
+def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
+    """(weighted count of argmax == masked_lm_ids, sum of weights), float32 scalars; shapes as above."""
+    weights = masked_lm_weights.astype(jnp.float32)
+    correct = (jnp.argmax(logits, axis=-1) == masked_lm_ids).astype(jnp.float32)
+    return jnp.sum(correct * weights), jnp.sum(weights)
+
+
+def classification_loss(logits: Array, labels: Array) -> tuple[Array, Array]:
+    """logits [B, C], labels int32 [B] in [0, C) -> (sum of cross-entropy, B), float32 scalars."""
+    nll = _cross_entropy(logits, labels)
+    return jnp.sum(nll), jnp.asarray(nll.shape[0], jnp.float32)
+
+
+def classification_accuracy(logits: Array, labels: Array) -> tuple[Array, Array]:
+    """logits [B, C], labels int32 [B] -> (count of argmax == label, B), float32 scalars."""
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return jnp.sum(correct), jnp.asarray(correct.shape[0], jnp.float32)
+
+
+def next_sentence_loss(logits: Array, next_sentence_labels: Array) -> tuple[Array, Array]:
+    """The 2-class `classification_loss`: logits [B, 2], labels int32 [B] (0 IsNext, 1 NotNext)."""
+    return classification_loss(logits, next_sentence_labels)
+
+
+def next_sentence_accuracy(logits: Array, next_sentence_labels: Array) -> tuple[Array, Array]:
+    """The 2-class `classification_accuracy`: logits [B, 2], labels int32 [B]."""
+    return classification_accuracy(logits, next_sentence_labels)
+
+
+def _ratio(pair: tuple[Array, Array]) -> Array:
+    total, count = pair
+    return total / jnp.maximum(count, 1e-12)
+
+
+def pretraining_loss(mlm_logits: Array, nsp_logits: Array,
+                     batch: Mapping[str, Array]) -> tuple[Array, dict[str, Array]]:
+    """Total pre-training loss = mean masked-LM loss + mean next-sentence loss (paper, appendix A.2).
+
+    Args:
+      mlm_logits: [B, P, V]; nsp_logits: [B, 2] (from `BertForPreTraining`).
+      batch: mapping with masked_lm_ids int32 [B, P], masked_lm_weights float32 [B, P] and
+        next_sentence_labels int32 [B].
+
+    Returns:
+      (loss float32 scalar, metrics) where metrics holds float32 scalars `mlm_loss`, `mlm_accuracy`,
+      `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of masked_lm_weights).
+    """
+    mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
+    mlm_loss, nsp_loss = _ratio(mlm), _ratio(nsp)
+    metrics = {
+        "mlm_loss": mlm_loss,
+        "mlm_accuracy": _ratio(masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])),
+        "nsp_loss": nsp_loss,
+        "nsp_accuracy": _ratio(next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"])),
+        "num_predictions": mlm[1],
+    }
+    return mlm_loss + nsp_loss, metrics
+
+
+def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
+              end_positions: Array) -> tuple[Array, Array]:
+    """SQuAD span loss as run_squad.py: (start_nll + end_nll) / 2 per example.
+
+    Args:
+      start_logits, end_logits: [B, L] logits over token positions.
+      start_positions, end_positions: int32 [B] gold token positions (0 = [CLS] = no answer).
+
+    Returns:
+      (sum over the batch of the per-example loss, B), float32 scalars.
+    """
+    per_example = 0.5 * (_cross_entropy(start_logits, start_positions) + _cross_entropy(end_logits, end_positions))
+    return jnp.sum(per_example), jnp.asarray(per_example.shape[0], jnp.float32)

@@ -1,0 +1,526 @@
+"""The BERT model in Flax linen: encoder, pre-training heads and fine-tuning heads.
+
+Architecture as in Devlin et al. 2018 (arXiv 1810.04805, section 3) and google-research/bert
+`modeling.py`: learned absolute position and token-type embeddings, post-LayerNorm Transformer layers
+with exact (erf) GELU, a tanh pooler on [CLS], a masked-LM head tied to the word embeddings and
+evaluated only at `masked_lm_positions`, and a next-sentence head on the pooled output.
+
+Dimension key used in shapes and einsum strings:
+  B batch, L sequence length, D hidden_size, N num_attention_heads, H head size (D / N),
+  I intermediate_size, V vocab_size, P max predictions per sequence, T type_vocab_size,
+  S max_position_embeddings, C number of classes.
+
+Sharding: every parameter is created with logical axis names (`nn.with_logical_partitioning`) and
+activations are constrained at block boundaries (`nn.with_logical_constraint`). Both are no-ops unless
+`bert_jax.sharding` supplies a mesh and a rules table; the model never names a mesh axis.
+
+Logical axis names: parameters use `vocab`, `embed`, `embed_out` (output side of a D x D kernel),
+`heads`, `kv`, `mlp`, `position`, `token_type`,
+`classes` and (scanned layers) `layers`; activations use `batch`, `length`, `embed`, `heads`, `kv`,
+`mlp`, `predictions`.
+
+Precision: parameters are stored in `param_dtype` (float32 by default) and cast to `dtype` for
+matmuls; attention softmax, LayerNorm statistics and the MLM logits are always float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact erf GELU, as the original
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+_REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+# bert_config.json fields, in the original's order.
+BERT_CONFIG_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Model hyper-parameters, named as in the original `bert_config.json`.
+
+    The first twelve fields are those of `bert_config.json` (google-research/bert) and of Hugging Face's
+    `BertConfig`; defaults are BERT-Base. The rest choose how the same model is computed:
+
+    Attributes:
+      dtype: compute dtype name for matmuls and activations, "float32" or "bfloat16".
+      param_dtype: storage dtype name of the parameters (float32 by default).
+      scan_layers: stack the layers under `nn.scan` (parameters get a leading `layers` axis of length
+        num_hidden_layers); compiles 24 layers as fast as one.
+      remat_policy: activation rematerialisation of each layer: "none", "full", "dots" or
+        "dots_no_batch" (a `jax.checkpoint_policies` policy).
+
+    Raises:
+      ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
+        hidden_act or remat_policy, or a non-positive size.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)}")
+        if self.remat_policy not in _REMAT_POLICIES:
+            raise ValueError(
+                f"BertConfig.remat_policy={self.remat_policy!r} is not one of {sorted(_REMAT_POLICIES)}")
+        for name in ("dtype", "param_dtype"):
+            jnp.dtype(getattr(self, name))  # raises TypeError on an unknown dtype name
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], **overrides) -> "BertConfig":
+        """Builds a config from a `bert_config.json` / Hugging Face `config.json` mapping.
+
+        Unknown keys (e.g. `architectures`, `model_type`, `pad_token_id`) are ignored; `overrides`
+        replace fields (e.g. `dtype="bfloat16"`).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in values.items() if k in names}
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str, **overrides) -> "BertConfig":
+        """Reads a `bert_config.json` (or Hugging Face `config.json`) file."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The twelve `bert_config.json` fields, as a plain dict."""
+        return {k: getattr(self, k) for k in BERT_CONFIG_FIELDS}
+
+    def replace(self, **changes) -> "BertConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@flax.struct.dataclass
+class BertOutput:
+    """Outputs of `BertModel`.
+
+    Attributes:
+      sequence_output: [B, L, D] in config.dtype, the last layer's hidden states.
+      pooled_output: [B, D] in config.dtype, tanh(dense(sequence_output[:, 0])); None without pooler.
+    """
+
+    sequence_output: Array
+    pooled_output: Array | None
+
+
+@flax.struct.dataclass
+class PreTrainingOutput:
+    """Outputs of `BertForPreTraining`.
+
+    Attributes:
+      mlm_logits: [B, P, V] float32, masked-LM logits at `masked_lm_positions` only.
+      nsp_logits: [B, 2] float32, next-sentence logits (index 0 = IsNext, 1 = NotNext).
+      sequence_output: [B, L, D], pooled_output: [B, D], as in `BertOutput`.
+    """
+
+    mlm_logits: Array
+    nsp_logits: Array
+    sequence_output: Array
+    pooled_output: Array
+
+
+@flax.struct.dataclass
+class SpanOutput:
+    """Outputs of `BertForQuestionAnswering`: start_logits, end_logits, each [B, L] float32."""
+
+    start_logits: Array
+    end_logits: Array
+
+
+@flax.struct.dataclass
+class ClassificationOutput:
+    """Outputs of `BertForSequenceClassification`: logits [B, C] float32."""
+
+    logits: Array
+
+
+def _init(config: BertConfig) -> Callable:
+    # The original's tf.truncated_normal_initializer(stddev=initializer_range): cut at 2 stddev,
+    # no variance correction (jax.nn.initializers.truncated_normal does the same).
+    return jax.nn.initializers.truncated_normal(stddev=config.initializer_range)
+
+
+def _param(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...], axes: tuple[str, ...]):
+    """Creates a parameter of `module` with logical axis names `axes`, in config.param_dtype."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape,
+                        jnp.dtype(module.config.param_dtype))
+
+
+def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    """LayerNorm over `embed`, float32 statistics, exact two-pass variance (as PyTorch)."""
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        use_fast_variance=False,
+        force_float32_reductions=True,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
+
+
+class Dense(nn.Module):
+    """y = x @ kernel + bias over the last axis, kernel [D_in, D_out] with logical axis names.
+
+    Attributes:
+      config: model config (initializer, dtypes).
+      features: D_out.
+      axes: logical names of the kernel's two axes; the bias takes the second.
+    """
+
+    config: BertConfig
+    features: int
+    axes: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        """x: [..., D_in] -> [..., D_out] in config.dtype."""
+        dtype = jnp.dtype(self.config.dtype)
+        kernel = _param(self, "kernel", _init(self.config), (x.shape[-1], self.features), self.axes)
+        bias = _param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:])
+        return jnp.dot(x.astype(dtype), kernel.astype(dtype)) + bias.astype(dtype)
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings -> LayerNorm -> dropout (paper figure 2)."""
+
+    config: BertConfig
+
+    def setup(self):
+        c = self.config
+        self.word_embeddings = nn.Embed(
+            c.vocab_size, c.hidden_size, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype),
+            embedding_init=nn.with_logical_partitioning(_init(c), ("vocab", "embed")))
+        self.position_embeddings = nn.Embed(
+            c.max_position_embeddings, c.hidden_size, param_dtype=jnp.dtype(c.param_dtype),
+            embedding_init=nn.with_logical_partitioning(_init(c), ("position", "embed")))
+        self.token_type_embeddings = nn.Embed(
+            c.type_vocab_size, c.hidden_size, param_dtype=jnp.dtype(c.param_dtype),
+            embedding_init=nn.with_logical_partitioning(_init(c), ("token_type", "embed")))
+        self.layer_norm = _layer_norm(c, "LayerNorm")
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
+        """input_ids, token_type_ids: int32 [B, L] -> embeddings [B, L, D] in config.dtype."""
+        length = input_ids.shape[1]
+        # Sum in param_dtype (float32) so bfloat16 compute loses nothing before the LayerNorm.
+        words = jnp.take(self.word_embeddings.embedding, input_ids, axis=0)  # [B, L, D]
+        positions = self.position_embeddings.embedding[:length][None]  # [1, L, D]
+        types = jnp.take(self.token_type_embeddings.embedding, token_type_ids, axis=0)  # [B, L, D]
+        x = self.layer_norm(words + positions + types)
+        x = self.dropout(x, deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+    def attend(self, x: Array) -> Array:
+        """Tied output projection: x [..., D] -> float32 logits [..., V] = x @ word_embeddings^T."""
+        table = self.word_embeddings.embedding.astype(jnp.dtype(self.config.dtype))
+        return jnp.einsum("...d,vd->...v", x, table, preferred_element_type=jnp.float32)
+
+
+class BertSelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention with the padding mask, then the output projection."""
+
+    config: BertConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, mask_bias: Array) -> Array:
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding) -> [B, L, D]."""
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
+        init = _init(c)
+
+        def project(name):
+            kernel = _param(self, f"{name}_kernel", init, (d, n, h), ("embed", "heads", "kv"))
+            bias = _param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
+            y = jnp.einsum("bld,dnh->blnh", x.astype(dtype), kernel.astype(dtype)) + bias.astype(dtype)
+            return nn.with_logical_constraint(y, ("batch", "length", "heads", "kv"))  # [B, L, N, H]
+
+        query, key, value = project("query"), project("key"), project("value")
+        # Scores and softmax in float32 whatever the compute dtype.
+        scores = jnp.einsum("bqnh,bknh->bnqk", query, key, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(h) + mask_bias  # [B, N, L, L]
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = nn.Dropout(c.attention_probs_dropout_prob)(probs, deterministic=self.deterministic)
+        context = jnp.einsum("bnqk,bknh->bqnh", probs.astype(dtype), value)  # [B, L, N, H]
+        context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+        out_kernel = _param(self, "output_kernel", init, (n, h, d), ("heads", "kv", "embed"))
+        out_bias = _param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
+        out = jnp.einsum("blnh,nhd->bld", context, out_kernel.astype(dtype)) + out_bias.astype(dtype)
+        return out  # [B, L, D]
+
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm Transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+
+    `__call__` returns `(hidden, None)` so that the same module runs under `nn.scan`.
+    """
+
+    config: BertConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, mask_bias: Array) -> tuple[Array, None]:
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> ([B, L, D], None)."""
+        c = self.config
+        drop = lambda y: nn.Dropout(c.hidden_dropout_prob)(y, deterministic=self.deterministic)
+        attn = BertSelfAttention(c, self.deterministic, name="attention")(x, mask_bias)
+        x = _layer_norm(c, "attention_LayerNorm")(x + drop(attn))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        y = Dense(c, c.intermediate_size, ("embed", "mlp"), name="intermediate")(x)
+        y = _ACTIVATIONS[c.hidden_act](y)
+        y = nn.with_logical_constraint(y, ("batch", "length", "mlp"))  # [B, L, I]
+        y = Dense(c, c.hidden_size, ("mlp", "embed"), name="output")(y)
+        x = _layer_norm(c, "output_LayerNorm")(x + drop(y))
+        return nn.with_logical_constraint(x, ("batch", "length", "embed")), None
+
+
+class BertEncoder(nn.Module):
+    """The stack of `num_hidden_layers` layers: `layer_{i}` each, or one scanned `layers` stack."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool = True) -> Array:
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> [B, L, D]."""
+        c = self.config
+        layer_cls = BertLayer
+        policy = _REMAT_POLICIES[c.remat_policy]
+        if c.remat_policy != "none":
+            layer_cls = nn.remat(BertLayer, policy=policy, prevent_cse=not c.scan_layers)
+        if c.scan_layers:
+            stack = nn.scan(
+                layer_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,),
+                length=c.num_hidden_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, _ = stack(c, deterministic, name="layers")(x, mask_bias)
+            return x
+        for i in range(c.num_hidden_layers):
+            x, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x, mask_bias)
+        return x
+
+
+def attention_mask_bias(attention_mask: Array) -> Array:
+    """int [B, L] (1 real, 0 padding) -> float32 [B, 1, 1, L] additive bias (0 or float32 min)."""
+    return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+
+
+def _check_inputs(config: BertConfig, input_ids: Array, token_type_ids, attention_mask):
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+    if input_ids.shape[1] > config.max_position_embeddings:
+        raise ValueError(
+            f"input_ids length {input_ids.shape[1]} exceeds max_position_embeddings="
+            f"{config.max_position_embeddings}")
+    for name, value in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+        if value is not None and value.shape != input_ids.shape:
+            raise ValueError(f"{name} shape {value.shape} differs from input_ids shape {input_ids.shape}")
+
+
+class BertModel(nn.Module):
+    """The BERT encoder: embeddings, `num_hidden_layers` layers and the pooler.
+
+    Applied as `model.apply({"params": params}, input_ids=..., token_type_ids=..., attention_mask=...,
+    deterministic=True)`; dropout needs `rngs={"dropout": key}` when `deterministic=False`.
+    Matches Hugging Face `transformers.BertModel` (see `bert_jax.convert.from_hf`).
+    """
+
+    config: BertConfig
+    add_pooling_layer: bool = True
+
+    def setup(self):
+        c = self.config
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = BertEncoder(c)
+        if self.add_pooling_layer:
+            self.pooler = Dense(c, c.hidden_size, ("embed", "embed_out"))
+
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, deterministic: bool = True) -> BertOutput:
+        """Encodes a batch.
+
+        Args:
+          input_ids: int32 [B, L] WordPiece ids, L <= max_position_embeddings.
+          token_type_ids: int32 [B, L], 0 sentence A, 1 sentence B; zeros when None.
+          attention_mask: int32 [B, L], 1 real token, 0 padding; all ones when None.
+          deterministic: disables dropout when True.
+
+        Returns:
+          BertOutput with sequence_output [B, L, D] and pooled_output [B, D] (config.dtype).
+
+        Raises:
+          ValueError: for a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes.
+        """
+        _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids, deterministic)
+        x = self.encoder(x, attention_mask_bias(attention_mask), deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None
+        return BertOutput(sequence_output=x, pooled_output=pooled)
+
+    def attend(self, x: Array) -> Array:
+        """Tied word-embedding projection, x [..., D] -> float32 [..., V]."""
+        return self.embeddings.attend(x)
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+    """sequence [B, L, D], positions int32 [B, P] -> [B, P, D] (the original's gather_indexes)."""
+    return jnp.take_along_axis(sequence, positions[:, :, None].astype(jnp.int32), axis=1)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence heads (paper section 3.1, appendix A.2).
+
+    The MLM head (dense -> activation -> LayerNorm -> tied decoder + output bias) runs only at
+    `masked_lm_positions`, as the original's `get_masked_lm_output`, never over all L positions.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        c = self.config
+        self.bert = BertModel(c, name="bert")
+        self.mlm_transform = Dense(c, c.hidden_size, ("embed", "embed_out"), name="mlm_transform")
+        self.mlm_layer_norm = _layer_norm(c, "mlm_LayerNorm")
+        self.nsp = Dense(c, 2, ("embed", "classes"), name="nsp")
+        self.mlm_output_bias = _param(self, "mlm_output_bias", nn.initializers.zeros, (c.vocab_size,),
+                                      ("vocab",))
+
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, masked_lm_positions: Array | None = None,
+                 deterministic: bool = True) -> PreTrainingOutput:
+        """Pre-training forward pass.
+
+        Args:
+          input_ids, token_type_ids, attention_mask: int32 [B, L], as `BertModel`.
+          masked_lm_positions: int32 [B, P], positions in [0, L) to predict (zero padded).
+          deterministic: disables dropout when True.
+
+        Returns:
+          PreTrainingOutput: mlm_logits float32 [B, P, V], nsp_logits float32 [B, 2], and the encoder
+          outputs.
+
+        Raises:
+          ValueError: masked_lm_positions missing or not [B, P]; the errors of `BertModel`.
+        """
+        if masked_lm_positions is None or masked_lm_positions.ndim != 2:
+            raise ValueError("masked_lm_positions must be given as int32 [batch, max_predictions]")
+        out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)
+        return PreTrainingOutput(
+            mlm_logits=self.mlm_logits(out.sequence_output, masked_lm_positions),
+            nsp_logits=self.nsp(out.pooled_output).astype(jnp.float32),
+            sequence_output=out.sequence_output,
+            pooled_output=out.pooled_output,
+        )
+
+    def mlm_logits(self, sequence_output: Array, masked_lm_positions: Array) -> Array:
+        """sequence_output [B, L, D], masked_lm_positions int32 [B, P] -> float32 logits [B, P, V]."""
+        c = self.config
+        x = gather_positions(sequence_output, masked_lm_positions)  # [B, P, D]
+        x = nn.with_logical_constraint(x, ("batch", "predictions", "embed"))
+        x = self.mlm_layer_norm(_ACTIVATIONS[c.hidden_act](self.mlm_transform(x)))
+        logits = self.bert.attend(x) + self.mlm_output_bias.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, ("batch", "predictions", "vocab"))
+
+
+class BertForQuestionAnswering(nn.Module):
+    """BERT with the SQuAD span head: a [D, 2] projection giving start and end logits per token."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, deterministic: bool = True) -> SpanOutput:
+        """int32 [B, L] inputs -> SpanOutput(start_logits, end_logits), each float32 [B, L]."""
+        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        logits = Dense(self.config, 2, ("embed", "classes"), name="qa_outputs")(out.sequence_output)
+        logits = logits.astype(jnp.float32)  # [B, L, 2]
+        return SpanOutput(start_logits=logits[..., 0], end_logits=logits[..., 1])
+
+
+class BertForSequenceClassification(nn.Module):
+    """BERT with a classifier on the pooled output (dropout -> [D, C] projection), as GLUE in the paper."""
+
+    config: BertConfig
+    num_labels: int = 2
+
+    @nn.compact
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, deterministic: bool = True) -> ClassificationOutput:
+        """int32 [B, L] inputs -> ClassificationOutput(logits float32 [B, C])."""
+        out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
+        pooled = nn.Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic=deterministic)
+        logits = Dense(self.config, self.num_labels, ("embed", "classes"), name="classifier")(pooled)
+        return ClassificationOutput(logits=logits.astype(jnp.float32))
