@@ -1,0 +1,78 @@
+"""Command line: pre-training instances as sharded ArrayRecord files, with the original's flags.
+
+  python -m bert_jax.data.create_pretraining_data --input_file=corpus/*.txt --output_dir=out \\
+      --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=5
+
+Input formats: `sentences` (the original: one sentence per line, blank line between documents),
+`text` (each file one document of paragraphs, split into sentences), or a TFDS dataset with
+--tfds_name. See `bert_jax.data.pretraining` for the procedure and the output format.
+"""
+
+import sys
+
+from absl import app, flags
+
+from bert_jax.data import pretraining, tokenization
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
+flags.DEFINE_string("output_dir", None, "Directory for the ArrayRecord shards and metadata.json.")
+flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary (Google vocab.txt format).")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words (all WordPieces of a word) at once.")
+flags.DEFINE_integer("max_seq_length", 128, "Maximum sequence length, [CLS] and [SEP]s included.")
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum masked-LM predictions per sequence.")
+flags.DEFINE_integer("random_seed", 12345, "Seed for everything random.")
+flags.DEFINE_integer("dupe_factor", 10, "Passes over the input, each with different masks.")
+flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
+flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target length.")
+flags.DEFINE_bool("short_seq_per_document", False,
+                  "Draw the short target length once per document, as the original script actually does "
+                  "(default: once per instance, as the paper and the original flag's help describe).")
+flags.DEFINE_enum("input_format", "sentences", ["sentences", "text"],
+                  "sentences: one sentence per line, blank line between documents; text: one document per "
+                  "file, paragraphs split into sentences.")
+flags.DEFINE_integer("num_workers", 1, "Processes generating instances (output does not depend on it).")
+flags.DEFINE_integer("num_shards", 1, "Output ArrayRecord shards.")
+flags.DEFINE_string("tfds_name", None, "TFDS text dataset instead of --input_file, e.g. wikipedia/20230601.en.")
+flags.DEFINE_string("tfds_split", "train", "TFDS split.")
+flags.DEFINE_string("tfds_text_key", "text", "TFDS feature holding the document text.")
+flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).")
+
+
+def main(argv):
+    del argv
+    if not FLAGS.output_dir or not FLAGS.vocab_file:
+        raise SystemExit("--output_dir and --vocab_file are required")
+    if bool(FLAGS.input_file) == bool(FLAGS.tfds_name):
+        raise SystemExit("give exactly one of --input_file and --tfds_name")
+    try:
+        tokenizer = tokenization.Tokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
+        stats = pretraining.ReadStats()
+        if FLAGS.tfds_name:
+            documents = pretraining.read_tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
+                                                        FLAGS.tfds_data_dir, stats)
+        else:
+            files = pretraining.expand_input_files(FLAGS.input_file)
+            read = {"sentences": pretraining.read_sentence_documents,
+                    "text": pretraining.read_text_documents}[FLAGS.input_format]
+            documents = read(files, stats)
+        options = pretraining.InstanceOptions(
+            max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
+            masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
+            do_whole_word_mask=FLAGS.do_whole_word_mask, short_seq_per_document=FLAGS.short_seq_per_document)
+        metadata = pretraining.create_pretraining_data(
+            documents, tokenizer, FLAGS.output_dir, options=options, dupe_factor=FLAGS.dupe_factor,
+            random_seed=FLAGS.random_seed, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
+            read_stats=stats, progress=True,
+            extra_metadata={"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name,
+                            "do_lower_case": FLAGS.do_lower_case, "input_format": FLAGS.input_format})
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"create_pretraining_data: {e}") from None
+    print(f"wrote {metadata['num_instances']} instances in {len(metadata['shards'])} shard(s) to "
+          f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

@@ -1,0 +1,251 @@
+"""Trains a BERT WordPiece vocabulary (Google vocab.txt format) with SentencePiece.
+
+Usage:
+  python -m bert_jax.data.vocab --input_file='corpus/gutenberg/*.txt' --vocab_size=8000 \\
+      --output_file=vocab.txt [--nodo_lower_case] [--max_sentences=N]
+
+`--input_file` is a comma-separated list of globs; every non-empty line is text (UTF-8, undecodable
+bytes dropped, as the original's `convert_to_unicode`). Prints the statistics as JSON.
+
+Method. Google never released its WordPiece trainer; this builds an equivalent vocabulary:
+1. The text goes through the tokenizer's own normalisation and pre-tokenisation
+   (`tokenization.normalizer`, `tokenization.pre_tokenizer`: lowercasing and accent stripping if
+   `do_lower_case`, punctuation and CJK characters split off), so that every word SentencePiece sees is
+   a word the Tokenizer will look up, and no piece crosses punctuation or whitespace.
+2. SentencePiece (BPE by default, or unigram) learns sub-word pieces within those words. A piece that
+   starts a word ("▁the") becomes "the"; one inside a word ("ing") becomes "##ing".
+3. Vocabulary = [PAD] [UNK] [CLS] [SEP] [MASK], then every character seen at least `min_char_count`
+   times, both word-initial ("q") and continuation ("##q"), so any word made of such characters can be
+   tokenized without [UNK], then the SentencePiece pieces in SentencePiece's order (most useful first)
+   until exactly `vocab_size` lines; if SentencePiece learns too few, "[unused0]"... fill the rest.
+
+Words longer than 100 characters are skipped (the Tokenizer maps them to [UNK] whatever the vocabulary).
+
+Measured (tests/test_vocab.py, 2 CPU cores): 8000 tokens from the Gutenberg books (10.5 MB) in about
+7 s; on held-out WikiText-2 valid+test (markup removed) 0.27% of tokens are [UNK], 1.40 tokens per word.
+BPE gave slightly fewer tokens per word than unigram (1.42) and trains faster.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import io
+import json
+import os
+import tempfile
+import time
+from typing import Iterator, Sequence
+
+from absl import app, flags
+
+from bert_jax.data import tokenization
+
+_SENTENCE_CHARS = 2000  # words are packed into "sentences" of about this many characters
+_MAX_TRAINING_SENTENCES = 2_000_000  # SentencePiece samples this many when given more
+_SEED = 12345
+
+
+def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
+    """Comma-separated globs (or a list of them) -> sorted file paths.
+
+    Raises:
+      ValueError: a pattern matches no file.
+    """
+    if isinstance(patterns, str):
+        patterns = patterns.split(",")
+    files = []
+    for pattern in (p.strip() for p in patterns):
+        if not pattern:
+            continue
+        matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+        if not matched:
+            raise ValueError(f"no input files match {pattern!r}")
+        files += matched
+    if not files:
+        raise ValueError("no input files given")
+    return list(dict.fromkeys(files))
+
+
+class _Corpus:
+    """The input files, read in two streaming passes (character counts, then pre-tokenized words)."""
+
+    def __init__(self, files: list[str], do_lower_case: bool, max_sentences: int | None):
+        self.files, self.max_sentences = files, max_sentences
+        self.normalizer = tokenization.normalizer(do_lower_case)
+        self.pre_tokenizer = tokenization.pre_tokenizer()
+        self.char_counts: collections.Counter[str] = collections.Counter()
+        self.lines = self.words = 0
+
+    def _line_batches(self, batch: int = 1000) -> Iterator[list[str]]:
+        lines: list[str] = []
+        for path in self.files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if not line.strip():
+                        continue
+                    if self.max_sentences is not None and self.lines >= self.max_sentences:
+                        break
+                    self.lines += 1
+                    lines.append(line)
+                    if len(lines) == batch:
+                        yield lines
+                        lines = []
+        if lines:
+            yield lines
+
+    def count_characters(self) -> None:
+        """First pass: counts every character of the normalised text (spaces excluded)."""
+        for lines in self._line_batches():
+            self.char_counts.update(self.normalizer.normalize_str("".join(lines)))
+        del self.char_counts[" "]
+
+    def sentences(self) -> Iterator[str]:
+        """Second pass: the words, packed into sentences of about _SENTENCE_CHARS characters."""
+        self.lines = self.words = 0
+        for lines in self._line_batches():
+            text = self.normalizer.normalize_str("".join(lines))
+            words = [w for w, _ in self.pre_tokenizer.pre_tokenize_str(text)
+                     if len(w) <= tokenization.MAX_INPUT_CHARS_PER_WORD]
+            self.words += len(words)
+            start, size = 0, 0
+            for i, word in enumerate(words):
+                size += len(word) + 1
+                if size >= _SENTENCE_CHARS or i == len(words) - 1:
+                    yield " ".join(words[start:i + 1])
+                    start, size = i + 1, 0
+
+
+def _wordpiece(piece: str) -> str | None:
+    """SentencePiece piece -> WordPiece token: "▁the" -> "the", "ing" -> "##ing", "▁" -> None."""
+    if piece.startswith("\u2581"):
+        return piece[1:] or None
+    return None if "\u2581" in piece else "##" + piece
+
+
+def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, do_lower_case: bool = True,
+                max_sentences: int | None = None, min_char_count: int = 2, model_type: str = "bpe") -> dict:
+    """Trains a vocabulary of exactly `vocab_size` tokens and writes it atomically to `output_file`.
+
+    Args:
+      input_files: paths or globs of UTF-8 text files.
+      vocab_size: number of lines of the vocabulary written.
+      output_file: the vocab.txt to write (its folder must exist).
+      do_lower_case: lowercase and strip accents first (uncased vocabulary), as the Tokenizer will.
+      max_sentences: read at most this many non-empty lines (all if None).
+      min_char_count: characters seen fewer times are left out.
+      model_type: SentencePiece model, "bpe" or "unigram".
+
+    Returns:
+      statistics: files, lines, words, characters (kept), characters_dropped, pieces (SentencePiece
+      pieces used), unused (filler tokens), vocab_size, seconds, sha256 of the file written.
+
+    Raises:
+      ValueError: no input file matches, the corpus has no words, `vocab_size` is too small for the
+        special tokens and two entries per character, or a bad argument.
+    """
+    import sentencepiece as spm  # noqa: PLC0415 (only needed here)
+
+    start = time.perf_counter()
+    if model_type not in ("bpe", "unigram"):
+        raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
+    if max_sentences is not None and max_sentences <= 0:
+        raise ValueError(f"max_sentences must be positive, got {max_sentences}")
+    output_dir = os.path.dirname(os.path.abspath(output_file))
+    if not os.path.isdir(output_dir):
+        raise ValueError(f"output folder {output_dir} does not exist")
+    specials = list(tokenization.SPECIAL_TOKENS)
+    if vocab_size < len(specials) + 2:
+        raise ValueError(f"vocab_size={vocab_size} is too small")
+    files = expand_input_files(input_files)
+    corpus = _Corpus(files, do_lower_case, max_sentences)
+    corpus.count_characters()
+    if not corpus.char_counts:
+        raise ValueError(f"the input files ({', '.join(files)}) contain no text")
+    chars = sorted((c for c, n in corpus.char_counts.items() if n >= min_char_count),
+                   key=lambda c: (-corpus.char_counts[c], c))
+    needed = len(specials) + 2 * len(chars)
+    if vocab_size < needed:
+        raise ValueError(f"vocab_size={vocab_size} cannot hold the {len(specials)} special tokens and "
+                         f"{len(chars)} characters as word-initial and ## pieces: need at least {needed}")
+
+    spm.set_random_generator_seed(_SEED)
+    model = io.BytesIO()
+    try:
+        _train_sentencepiece(spm, corpus, model, model_type, vocab_size + len(corpus.char_counts) + 8)
+    except RuntimeError as e:  # e.g. every word longer than 100 characters
+        raise ValueError(f"SentencePiece failed on {', '.join(files)}: {str(e).splitlines()[0]}") from None
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+    tokens = specials + chars + ["##" + c for c in chars]
+    seen = set(tokens)
+    pieces = 0
+    for i in range(processor.get_piece_size()):
+        if len(tokens) == vocab_size:
+            break
+        if processor.is_unknown(i) or processor.is_control(i):
+            continue
+        token = _wordpiece(processor.id_to_piece(i))
+        if token is not None and token not in seen:
+            tokens.append(token)
+            seen.add(token)
+            pieces += 1
+    unused = vocab_size - len(tokens)
+    tokens += [f"[unused{i}]" for i in range(unused)]
+
+    data = "".join(t + "\n" for t in tokens).encode("utf-8")
+    _write_atomically(output_file, data)
+    return {
+        "output_file": output_file, "vocab_size": len(tokens), "files": len(files), "lines": corpus.lines,
+        "words": corpus.words, "characters": len(chars), "characters_dropped": len(corpus.char_counts) - len(chars),
+        "pieces": pieces, "unused": unused, "seconds": round(time.perf_counter() - start, 2),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def _train_sentencepiece(spm, corpus: _Corpus, model: io.BytesIO, model_type: str, pieces: int) -> None:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=corpus.sentences(), model_writer=model, model_type=model_type,
+        vocab_size=pieces, hard_vocab_limit=False, character_coverage=1.0,
+        # The text is normalised and split into words already: SentencePiece must not change it.
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
+        split_by_whitespace=True, max_sentence_length=8 * _SENTENCE_CHARS + 1024,
+        input_sentence_size=_MAX_TRAINING_SENTENCES, shuffle_input_sentence=True,
+        unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=os.cpu_count() or 1, minloglevel=2)
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Writes `data` to a temporary file beside `path`, then renames it over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=".vocab-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "Comma-separated globs of UTF-8 text files, one sentence or paragraph a line.")
+flags.DEFINE_string("output_file", None, "The vocab.txt to write.")
+flags.DEFINE_integer("vocab_size", None, "Number of tokens (lines) of the vocabulary.")
+flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (uncased vocabulary).")
+flags.DEFINE_integer("max_sentences", None, "Read at most this many non-empty lines.")
+flags.DEFINE_integer("min_char_count", 2, "Leave out characters seen fewer times.")
+
+
+def main(argv):
+    del argv
+    try:
+        stats = train_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
+                            FLAGS.max_sentences, FLAGS.min_char_count)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+    print(json.dumps(stats))
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["input_file", "output_file", "vocab_size"])
+    app.run(main)
