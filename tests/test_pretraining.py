@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bert_jax.data import corpus
 from bert_jax.data import pretraining as pt
 from bert_jax.data import tokenization
 from conftest import ROOT
@@ -33,9 +34,9 @@ def tokenizer(vocab_file):
 
 
 def _generate(tokenizer, files, out, **kwargs):
-    stats = pt.ReadStats()
+    stats = corpus.ReadStats()
     options = pt.InstanceOptions(**kwargs.pop("options", {}))
-    meta = pt.create_pretraining_data(pt.read_sentence_documents(files, stats), tokenizer, str(out),
+    meta = pt.create_pretraining_data(corpus.read_sentence_documents(files, stats), tokenizer, str(out),
                                       options=options, read_stats=stats, **kwargs)
     return meta
 
@@ -227,7 +228,7 @@ def test_bad_input(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="max_seq_length=4"):
         _generate(tokenizer, [str(mixed)], tmp_path / "o3", options=dict(max_seq_length=4))
     with pytest.raises(ValueError, match="matches no file"):
-        pt.expand_input_files(str(tmp_path / "nothing*.txt"))
+        corpus.expand_input_files(str(tmp_path / "nothing*.txt"))
 
 
 @given(st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=6),
@@ -293,12 +294,12 @@ def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
                 yield i, {"text": " ".join(p.split("\n")), "title": f"doc {i}"}
 
     SampleCorpus(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
-    stats = pt.ReadStats()
-    docs = list(pt.read_tfds_documents("sample_corpus", "train", "text", str(tmp_path / "tfds"), stats))
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_tfds_documents("sample_corpus", "train", "text", str(tmp_path / "tfds"), stats))
     assert len(docs) == len([p for p in paragraphs if p.strip()]) and all(len(d) >= 1 for d in docs)
     assert sum(len(d) for d in docs) >= 0.8 * sum(len(p.strip().splitlines()) for p in paragraphs)
     meta = pt.create_pretraining_data(iter(docs), tokenizer, str(tmp_path / "out"), dupe_factor=2, read_stats=stats)
     _check_layout(_load(tmp_path / "out"), tokenizer, 128, 20)
     assert meta["input_lines"] == len(docs)
     with pytest.raises(ValueError, match="--tfds_text_key 'body'"):
-        list(pt.read_tfds_documents("sample_corpus", "train", "body", str(tmp_path / "tfds"), stats))
+        list(corpus.read_tfds_documents("sample_corpus", "train", "body", str(tmp_path / "tfds"), stats))

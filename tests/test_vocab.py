@@ -103,7 +103,7 @@ def test_library_errors(tmp_path, data_dir):
     blank.write_text("\n  \n\x00\x01\n", encoding="utf-8")
     sample = str(data_dir / "corpus/bert_sample_text.txt")
     cases = [
-        (([str(tmp_path / "missing-*.txt")], 100), "no input files match"),
+        (([str(tmp_path / "missing-*.txt")], 100), "matches no file"),
         (([str(blank)], 100), "contain no text"),
         (([sample], 40), r"vocab_size=40 cannot hold the 5 special tokens and \d+ characters"),
         (([sample], 100, str(tmp_path / "no" / "dir.txt")), "does not exist"),
@@ -138,5 +138,5 @@ def test_cli(tmp_path, data_dir):
     missing = tmp_path / "missing.txt"
     run = _cli(f"--input_file={tmp_path / 'nothing-*.txt'}", "--vocab_size=500", f"--output_file={missing}")
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1] == f"error: no input files match '{tmp_path / 'nothing-*.txt'}'"
+    assert run.stderr.strip().splitlines()[-1] == f"error: --input_file: '{tmp_path / 'nothing-*.txt'}' matches no file"
     assert not missing.exists()

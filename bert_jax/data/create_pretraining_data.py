@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from bert_jax.data import pretraining, tokenization
+from bert_jax.data import corpus, pretraining, tokenization
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
@@ -48,14 +48,14 @@ def main(argv):
         raise SystemExit("give exactly one of --input_file and --tfds_name")
     try:
         tokenizer = tokenization.Tokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
-        stats = pretraining.ReadStats()
+        stats = corpus.ReadStats()
         if FLAGS.tfds_name:
-            documents = pretraining.read_tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
+            documents = corpus.read_tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
                                                         FLAGS.tfds_data_dir, stats)
         else:
-            files = pretraining.expand_input_files(FLAGS.input_file)
-            read = {"sentences": pretraining.read_sentence_documents,
-                    "text": pretraining.read_text_documents}[FLAGS.input_format]
+            files = corpus.expand_input_files(FLAGS.input_file)
+            read = {"sentences": corpus.read_sentence_documents,
+                    "text": corpus.read_text_documents}[FLAGS.input_format]
             documents = read(files, stats)
         options = pretraining.InstanceOptions(
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,

@@ -43,21 +43,20 @@ counts, flags, vocab sha256). Record format, little-endian int32:
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 import numpy as np
+
+from bert_jax.data import corpus
 
 METADATA_NAME = "metadata.json"
 FORMAT_VERSION = 1
 _HEADER = 4
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,107 +79,6 @@ class InstanceOptions:
             raise ValueError(f"masked_lm_prob={self.masked_lm_prob} must be in (0, 1)")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ValueError(f"short_seq_prob={self.short_seq_prob} must be in [0, 1]")
-
-
-# ----------------------------------------------------------------------------- reading documents
-
-
-def split_sentences(text: str) -> list[str]:
-    """Splits plain text into sentences after . ! ? followed by space and a capital, digit or quote."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-
-
-def expand_input_files(input_file: str) -> list[str]:
-    """Comma-separated globs -> sorted list of files; ValueError naming the pattern that matched nothing."""
-    files = []
-    for pattern in (p.strip() for p in input_file.split(",")):
-        if not pattern:
-            continue
-        matched = sorted(glob.glob(pattern)) or ([pattern] if os.path.isfile(pattern) else [])
-        if not matched:
-            raise ValueError(f"--input_file: {pattern!r} matches no file")
-        files.extend(matched)
-    if not files:
-        raise ValueError("--input_file: no files given")
-    return files
-
-
-@dataclasses.dataclass
-class ReadStats:
-    """Counts of what reading skipped (documented skips, never silent)."""
-
-    lines: int = 0
-    invalid_utf8_lines: int = 0
-    empty_sentences: int = 0
-
-
-def read_sentence_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
-    """The original format: one sentence per line, a blank line between documents.
-
-    Yields documents as lists of sentence strings. Lines that are not valid UTF-8 are skipped and
-    counted in `stats.invalid_utf8_lines`. Each file also ends a document.
-    """
-    for path in files:
-        document: list[str] = []
-        with open(path, "rb") as f:
-            for raw in f:
-                stats.lines += 1
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError:
-                    stats.invalid_utf8_lines += 1
-                    continue
-                if line:
-                    document.append(line)
-                elif document:
-                    yield document
-                    document = []
-        if document:
-            yield document
-
-
-def read_text_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
-    """Plain text: each file is one document; paragraphs (blank-line separated) are split into
-    sentences with `split_sentences`. Invalid UTF-8 lines are skipped and counted."""
-    for path in files:
-        paragraphs, current = [], []
-        with open(path, "rb") as f:
-            for raw in f:
-                stats.lines += 1
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError:
-                    stats.invalid_utf8_lines += 1
-                    continue
-                if line:
-                    current.append(line)
-                elif current:
-                    paragraphs.append(" ".join(current))
-                    current = []
-        if current:
-            paragraphs.append(" ".join(current))
-        document = [s for p in paragraphs for s in split_sentences(p)]
-        if document:
-            yield document
-
-
-def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,
-                        stats: ReadStats) -> Iterator[list[str]]:
-    """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
-    paragraphs split into sentences. Uses `tfds.data_source` (random access, no TensorFlow)."""
-    import tensorflow_datasets as tfds
-
-    source = tfds.data_source(name, split=split, data_dir=data_dir)
-    for i in range(len(source)):
-        example = source[i]
-        if text_key not in example:
-            raise ValueError(f"--tfds_text_key {text_key!r} is not a feature of {name} (has {sorted(example)})")
-        text = example[text_key]
-        text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
-        stats.lines += 1
-        document = [s for p in text.split("\n") for s in split_sentences(p)]
-        if document:
-            yield document
 
 
 # ----------------------------------------------------------------------------- token store
@@ -255,7 +153,7 @@ def build_token_store(documents: Iterable[list[str]], tokenizer, directory: str,
         sentence_starts=np.concatenate([[0], np.cumsum(np.concatenate(length_chunks))]).astype(np.int64),
         document_starts=np.concatenate([[0], np.cumsum(document_sizes)]).astype(np.int64),
     )
-    del token_chunks
+    token_chunks.clear()
     store.save(directory)
     return TokenStore.load(directory), dropped
 
@@ -464,12 +362,12 @@ def shard_paths(output_dir: str, num_shards: int) -> list[str]:
 def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_dir: str, *,
                             options: InstanceOptions = InstanceOptions(), dupe_factor: int = 10,
                             random_seed: int = 12345, num_shards: int = 1, num_workers: int = 1,
-                            documents_per_task: int = 8, read_stats: ReadStats | None = None,
+                            documents_per_task: int = 8, read_stats: "corpus.ReadStats | None" = None,
                             extra_metadata: dict | None = None, progress: bool = False) -> dict:
     """Writes pre-training instances as sharded ArrayRecord files plus metadata.json.
 
     Args:
-      documents: iterable of documents, each a list of sentence strings (see the read_* functions).
+      documents: iterable of documents, each a list of sentence strings (see `bert_jax.data.corpus`).
       tokenizer: a `bert_jax.data.tokenization.Tokenizer`.
       output_dir: created if missing; shards are written under temporary names and renamed; metadata.json
         is written last and marks a complete output.
@@ -492,7 +390,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
     for name, value in (("dupe_factor", dupe_factor), ("num_shards", num_shards), ("num_workers", num_workers)):
         if value < 1:
             raise ValueError(f"--{name}={value} must be at least 1")
-    read_stats = read_stats or ReadStats()
+    read_stats = read_stats or corpus.ReadStats()
     start = time.time()
     os.makedirs(output_dir, exist_ok=True)
     work_dir = os.path.join(output_dir, f".work-{os.getpid()}")

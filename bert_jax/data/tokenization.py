@@ -51,6 +51,7 @@ import sys
 import unicodedata
 from typing import Iterable, Sequence
 
+import numpy as np
 import tokenizers
 from tokenizers import Regex, models, normalizers, pre_tokenizers
 
@@ -382,15 +383,13 @@ class Tokenizer:
                 out[i] = e.ids
         return out
 
-    def encode_batch_flat(self, texts: Sequence[str]) -> tuple["np.ndarray", "np.ndarray"]:
+    def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Bulk form of `encode_batch` for corpus building: (ids int32 [T], lengths int64 [N]) where
         ids concatenates the ids of all N texts and lengths[i] counts text i's tokens.
 
         The ASCII texts are tokenized in one pass over their joined text (no per-text Python work), the
         others by the Rust library; same ids as `encode_batch`.
         """
-        import numpy as np
-
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of str, got a single str")
         for i, text in enumerate(texts):
@@ -412,10 +411,8 @@ class Tokenizer:
         index = np.repeat(source_start - out_start, lengths) + np.arange(int(lengths.sum()))
         return combined[index], lengths
 
-    def _encode_ascii_joined(self, texts: list[str]) -> tuple["np.ndarray", "np.ndarray"]:
+    def _encode_ascii_joined(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """ASCII texts free of U+0000 -> (ids int32 [T], lengths int64 [N]) in one regex pass."""
-        import numpy as np
-
         if not texts:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         text = "\0".join(texts).translate(_ASCII_CONTROL_KEEP_NUL)

@@ -29,7 +29,6 @@ BPE gave slightly fewer tokens per word than unigram (1.42) and trains faster.
 from __future__ import annotations
 
 import collections
-import glob
 import hashlib
 import io
 import json
@@ -40,32 +39,12 @@ from typing import Iterator, Sequence
 
 from absl import app, flags
 
+from bert_jax.data import corpus as corpus_files
 from bert_jax.data import tokenization
 
 _SENTENCE_CHARS = 2000  # words are packed into "sentences" of about this many characters
 _MAX_TRAINING_SENTENCES = 2_000_000  # SentencePiece samples this many when given more
 _SEED = 12345
-
-
-def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
-    """Comma-separated globs (or a list of them) -> sorted file paths.
-
-    Raises:
-      ValueError: a pattern matches no file.
-    """
-    if isinstance(patterns, str):
-        patterns = patterns.split(",")
-    files = []
-    for pattern in (p.strip() for p in patterns):
-        if not pattern:
-            continue
-        matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
-        if not matched:
-            raise ValueError(f"no input files match {pattern!r}")
-        files += matched
-    if not files:
-        raise ValueError("no input files given")
-    return list(dict.fromkeys(files))
 
 
 class _Corpus:
@@ -158,7 +137,7 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
     specials = list(tokenization.SPECIAL_TOKENS)
     if vocab_size < len(specials) + 2:
         raise ValueError(f"vocab_size={vocab_size} is too small")
-    files = expand_input_files(input_files)
+    files = corpus_files.expand_input_files(input_files)
     corpus = _Corpus(files, do_lower_case, max_sentences)
     corpus.count_characters()
     if not corpus.char_counts:
