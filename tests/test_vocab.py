@@ -83,6 +83,7 @@ def test_wikitext_unk_rate_and_tokens_per_word(trained, data_dir):
     unk, per_word, _, _ = results["without markup"]
     assert unk < 0.01
     assert 1.0 < per_word < 1.6
+    assert results["raw"][0] < 0.01  # the markup's ASCII symbols are in the vocabulary too
 
 
 def test_cased_vocabulary(tmp_path, data_dir):

@@ -14,8 +14,8 @@ Method. Google never released its WordPiece trainer; this builds an equivalent v
    a word the Tokenizer will look up, and no piece crosses punctuation or whitespace.
 2. SentencePiece (BPE by default, or unigram) learns sub-word pieces within those words. A piece that
    starts a word ("▁the") becomes "the"; one inside a word ("ing") becomes "##ing".
-3. Vocabulary = [PAD] [UNK] [CLS] [SEP] [MASK], then every character seen at least `min_char_count`
-   times, both word-initial ("q") and continuation ("##q"), so any word made of such characters can be
+3. Vocabulary = [PAD] [UNK] [CLS] [SEP] [MASK], then every printable ASCII character and every other
+   character seen at least `min_char_count` times, both word-initial ("q") and continuation ("##q"), so any word made of such characters can be
    tokenized without [UNK], then the SentencePiece pieces in SentencePiece's order (most useful first)
    until exactly `vocab_size` lines; if SentencePiece learns too few, "[unused0]"... fill the rest.
 
@@ -142,8 +142,12 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
     corpus.count_characters()
     if not corpus.char_counts:
         raise ValueError(f"the input files ({', '.join(files)}) contain no text")
-    chars = sorted((c for c, n in corpus.char_counts.items() if n >= min_char_count),
+    # Printable ASCII is always in (as in Google's vocabularies): text of another domain then meets no
+    # [UNK] for a symbol the training corpus happened to lack (e.g. "=" in WikiText after books).
+    always = {chr(c) for c in range(33, 127) if not (do_lower_case and chr(c).isupper())}
+    chars = sorted((c for c, n in corpus.char_counts.items() if n >= min_char_count or c in always),
                    key=lambda c: (-corpus.char_counts[c], c))
+    chars += sorted(always - set(chars))
     needed = len(specials) + 2 * len(chars)
     if vocab_size < needed:
         raise ValueError(f"vocab_size={vocab_size} cannot hold the {len(specials)} special tokens and "
