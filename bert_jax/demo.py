@@ -97,8 +97,9 @@ def main(argv):
     tokenizer = BertWordPieceTokenizer(lowercase=True)
     tokenizer.train_from_iterator(lines, vocab_size=_VOCAB_SIZE.value, show_progress=False)
     rng = np.random.default_rng(config.seed)
-    batches = _make_batches(lines, tokenizer, config.batch_size, config.max_seq_length,
-                            config.max_predictions_per_seq, rng)
+    phase = config.phases[0]
+    batches = _make_batches(lines, tokenizer, phase.batch_size, phase.max_seq_length,
+                            phase.max_predictions_per_seq, rng)
 
     bert_config = modeling.BertConfig.from_dict(config.model, vocab_size=tokenizer.get_vocab_size())
     model = modeling.BertForPreTraining(bert_config)

@@ -1,7 +1,8 @@
 """Pre-training configs: `get_config("tiny" | "mini" | "small" | "base" | "large")`.
 
 Launch (from the project root), e.g.:
-  python -m bert_jax.demo                                   # tiny model on real text, CPU
+  python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
+      --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
 Model fields are named as in `bert_config.json`; `bert_jax.modeling.BertConfig.from_dict(config.model)`
 turns them into the model's arguments (model code never sees a ConfigDict).
 
@@ -46,17 +47,53 @@ def model_config(size: str) -> ml_collections.ConfigDict:
     ))
 
 
+def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, data_dir: str,
+          batch_size: int) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        max_seq_length=max_seq_length,  # sequence length of this phase's instances
+        max_predictions_per_seq=max_predictions_per_seq,  # masked positions per sequence
+        fraction=fraction,  # share of total_steps spent in this phase
+        data_dir=data_dir,  # create_pretraining_data output directory (ArrayRecord shards + metadata.json)
+        batch_size=batch_size,  # global batch, sequences
+    ))
+
+
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_config(arg)
-    config.seed = 0  # PRNG seed for init, dropout and masking
-    config.max_seq_length = 128  # phase-1 length (paper: 128 for 90% of steps, then 512)
-    config.max_predictions_per_seq = 20  # masked positions per sequence at length 128
-    config.batch_size = 256  # global batch (paper: 256 sequences)
-    config.learning_rate = 1e-4  # AdamW peak learning rate (paper)
-    config.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
+    config.seed = 0  # PRNG seed: init, dropout (folded with the step) and data shuffling
+    config.total_steps = 1_000_000  # optimizer steps over both phases (paper: 1M)
+    config.warmup_steps = 10_000  # linear warmup, then linear decay to 0 (paper)
+    config.optimizer = "adamw"  # adamw (paper) or lamb (large batches)
+    config.learning_rate = 1e-4  # peak learning rate (paper)
+    config.weight_decay = 0.01  # decoupled, not on LayerNorm and biases (paper)
+    config.adam_b1 = 0.9
+    config.adam_b2 = 0.999
+    config.adam_eps = 1e-6
+    config.max_grad_norm = 1.0  # global-norm clipping (original)
+    config.grad_accum_steps = 1  # micro-batches per optimizer step
+    # Two phases in one run (paper, appendix A.2): length 128 for 90% of the steps, then 512 for 10%.
+    config.phases = [phase(128, 20, 0.9, "data/phase1", 256), phase(512, 80, 0.1, "data/phase2", 256)]
+    config.eval_data_dir = ""  # held-out instances for eval_step ("" = no evaluation)
+    config.eval_every = 10_000  # steps between evaluations
+    config.eval_batches = 20  # batches per evaluation
+    config.mesh = ml_collections.ConfigDict(dict(
+        preset="",  # a sharding.MESH_PRESETS name (e.g. "v3-32"), or "" to use the sizes below
+        data=-1,  # data-parallel ways (-1: all remaining devices)
+        fsdp=1,  # fully-sharded data-parallel ways
+        tensor=1,  # tensor-parallel ways
+    ))
+    config.log_every = 100  # steps between metrics (TensorBoard and console)
+    config.checkpoint_every = 10_000  # steps between checkpoints (also at the phase switch and the end)
+    config.keep_checkpoints = 3  # newest checkpoints kept
+    config.peak_tflops_per_device = 0.0  # for MFU; 0 = not reported (TPU v3 core: 61.5 bf16)
     if arg == "tiny":
-        config.batch_size = 16
-        config.max_seq_length = 64
-        config.max_predictions_per_seq = 10
+        config.total_steps = 200
+        config.warmup_steps = 20
+        config.learning_rate = 1e-3
+        config.phases = [phase(64, 10, 0.9, "data/phase1", 32), phase(128, 20, 0.1, "data/phase2", 32)]
+        config.log_every = 10
+        config.checkpoint_every = 50
+        config.eval_every = 100
+        config.eval_batches = 4
     return config

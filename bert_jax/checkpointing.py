@@ -1,0 +1,101 @@
+"""Orbax checkpoints of a training run: exact resume, any mesh, params-only restore for fine-tuning.
+
+One lineage per run in `<workdir>/checkpoints/<step>/`, each step holding three items:
+  state   the TrainState (step, params, opt_state, rng) as sharded arrays (`ocp.args.StandardSave`),
+  data    JSON: the phase index and the input iterator's state (exact data position),
+  config  JSON: the run's config, for reference and for fine-tuning jobs.
+Saves are asynchronous (training goes on while the arrays are written); a step directory appears
+only once complete (Orbax writes to a temporary name and renames), so a killed process leaves the
+previous checkpoints intact.
+
+Restoring takes an abstract target (`jax.ShapeDtypeStruct` with shardings), so a checkpoint written
+on one mesh or device count restores onto another: each process reads only its shards.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """Thin wrapper over `ocp.CheckpointManager` for the three items above.
+
+    Args:
+      directory: `<workdir>/checkpoints` (local path or gs:// URI).
+      max_to_keep: keep the newest N checkpoints (None: all).
+      async_save: write in a background thread (default True).
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True):
+        self.directory = directory
+        self.manager = ocp.CheckpointManager(
+            os.path.abspath(directory) if "://" not in directory else directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
+                                                 create=True),
+            item_names=("state", "data", "config"),
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, data: dict, config: dict, *, force: bool = True) -> bool:
+        """Starts saving `state` (sharded arrays), `data` and `config` (JSON) as checkpoint `step`."""
+        return self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), config=ocp.args.JsonSave(config)),
+            force=force)
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        """Restores checkpoint `step` onto the shardings of `abstract_state` -> (state, data)."""
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        return restored["state"], restored["data"]
+
+    def restore_config(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
+    def wait(self) -> None:
+        """Blocks until pending asynchronous saves are on disk."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `tree` (arrays or shape structs) carrying `shardings`."""
+    return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def restore_params(directory: str, abstract_params: Any, step: int | None = None) -> Any:
+    """Restores only `state.params` of a pre-training checkpoint (for fine-tuning).
+
+    Args:
+      directory: `<workdir>/checkpoints` of a pre-training run.
+      abstract_params: target tree of ShapeDtypeStructs (with shardings) for the params subtree to read,
+        e.g. just `{"bert": ...}` to take the encoder and leave the heads out.
+      step: which checkpoint (default: latest).
+
+    Raises:
+      FileNotFoundError: no checkpoint in `directory`.
+    """
+    manager = ocp.CheckpointManager(os.path.abspath(directory) if "://" not in directory else directory,
+                                    item_names=("state", "data", "config"),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"{directory}: no checkpoint")
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={"params": abstract_params},
+        restore_args=jax.tree_util.tree_map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                                            {"params": abstract_params}),
+        partial_restore=True)))
+    manager.close()
+    return restored["state"]["params"]

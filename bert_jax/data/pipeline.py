@@ -1,0 +1,218 @@
+"""The pre-training input pipeline: grain over the ArrayRecord directories of create_pretraining_data.
+
+    it = make_pretraining_iterator("instances/", global_batch_size=256, seed=0)
+    batch = next(it)        # dict of numpy arrays, one per-process batch (keys below)
+    state = it.get_state()  # a small JSON dict; `set_state(state)` on a fresh iterator resumes exactly
+
+The global stream (grain `MapDataset`, random access all through):
+  ArrayRecordDataSource(every shard, in metadata order)           N records
+  -> shuffle (global, index_shuffle; a new permutation per epoch)  if `shuffle`
+  -> repeat(num_epochs)                                           N * num_epochs, or endless
+  -> batch(local_batch_size, drop_remainder=True), decoding each record with
+     `pretraining.decode_instance` (padded to the lengths in metadata.json)
+  -> the first (N * num_epochs) // global_batch_size global batches (endless: all)
+  -> [process_index::process_count]
+  -> to_iter_dataset (reading threads), then mp_prefetch(worker_count) when worker_count > 0.
+Global batch s is records [s * G, (s + 1) * G) of the shuffled, repeated stream (G = global_batch_size);
+process p holds its rows [p * b, (p + 1) * b) (b = local_batch_size = G // process_count). So the
+processes read disjoint records and together read every global batch, and a global batch does not
+depend on process_count (rows in process order). Epochs flow into each other (a batch may straddle two);
+with a fixed num_epochs the last (N * num_epochs) % G records are dropped so that every process
+yields the same number of batches (no process waits on a batch its peers never make).
+
+Batch (one process), B = local_batch_size, L = max_seq_length, P = max_predictions_per_seq:
+  input_ids, token_type_ids, attention_mask: int32 [B, L]
+  masked_lm_positions, masked_lm_ids: int32 [B, P]
+  masked_lm_weights: float32 [B, P] (1.0 on real predictions, 0.0 on padding)
+  next_sentence_labels: int32 [B] (0 IsNext, 1 NotNext)
+
+Determinism and resume: the batch at a position depends only on the directory, seed, shuffle,
+num_epochs, global_batch_size and the process's slot. `get_state()` is
+{"next_batch": s, ...the settings above} and `set_state` slices the random-access dataset at s: no
+replay, O(1) whatever s. The state is the same on every process and may be restored under another
+process_count or worker_count (same global batches). The user seed goes through
+`np.random.SeedSequence` before grain's shuffle, whose per-epoch seed is seed + epoch: seeds 0 and 1
+do not give the same permutations one epoch apart.
+
+Orbax: PretrainingIterator is a `grain.DatasetIterator`, so grain's own Orbax handler takes it:
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(train_state),
+                                            data=grain.checkpoint.CheckpointSave(it)))
+    mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                               data=grain.checkpoint.CheckpointRestore(it)))
+It writes `process_{i}-of-{n}.json` holding `get_state()`; restoring that way needs the same
+process_count (the JSON state itself does not).
+
+Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_prefetch and
+`grain.checkpoint.CheckpointSave/CheckpointRestore`); the batch fields are those of google-research/bert
+`run_pretraining.py` `input_fn_builder`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Sequence
+
+import grain
+import numpy as np
+from absl import flags as absl_flags
+
+from bert_jax.data import pretraining
+
+# Reading threads and the read-ahead buffer, in batches (grain's defaults, 16 and 500, would buffer
+# 500 batches).
+_READ_OPTIONS = grain.ReadOptions(num_threads=8, prefetch_buffer_size=16)
+# The settings a state must match to be restored (besides `next_batch`).
+_STATE_KEYS = ("seed", "shuffle", "num_epochs", "global_batch_size", "num_instances")
+
+
+def _decode_batch(records: Sequence[bytes], max_seq_length: int,
+                  max_predictions_per_seq: int) -> dict[str, np.ndarray]:
+    """Record bytes [B] -> the batch fields (module docstring), via `pretraining.decode_instance`."""
+    rows = [pretraining.decode_instance(r, max_seq_length, max_predictions_per_seq) for r in records]
+    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
+
+class PretrainingIterator(grain.DatasetIterator):
+    """Per-process batches of pre-training instances; checkpointable (see the module docstring).
+
+    Attributes:
+      metadata: the directory's metadata.json.
+      local_batch_size: rows per batch on this process (global_batch_size // process_count).
+      num_batches: batches this process yields in all (about sys.maxsize / global_batch_size when
+        num_epochs is None).
+    """
+
+    def __init__(self, batches: grain.MapDataset, *, metadata: dict, local_batch_size: int,
+                 settings: dict[str, Any], worker_count: int):
+        super().__init__()
+        self._batches = batches
+        self._settings = settings
+        self._worker_count = worker_count
+        self.metadata = metadata
+        self.local_batch_size = local_batch_size
+        self.num_batches = len(batches)
+        self._next_batch = 0
+        self._it = self._start(0)
+
+    def _start(self, position: int) -> grain.DatasetIterator:
+        ds = self._batches[position:].to_iter_dataset(_READ_OPTIONS)
+        if self._worker_count:
+            # grain 0.2.18 reads an absl flag when starting workers and fails if flags were never parsed
+            # (scripts and tests without absl.app; google/grain#1355, fixed upstream by #1362).
+            if not absl_flags.FLAGS.is_parsed():
+                absl_flags.FLAGS.mark_as_parsed()
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count))
+        return iter(ds)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._it)
+        self._next_batch += 1
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        """{"next_batch": index of the next batch, plus the settings it is valid for}; JSON-serialisable."""
+        return {"next_batch": self._next_batch, **self._settings}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from `state` (from `get_state`, possibly after a JSON round trip).
+
+        Raises:
+          ValueError: a state made with other settings (seed, shuffle, num_epochs, global_batch_size,
+            data) or a position past the end.
+        """
+        for key in _STATE_KEYS:
+            if state.get(key) != self._settings[key]:
+                raise ValueError(f"iterator state has {key}={state.get(key)!r}, this iterator "
+                                 f"{key}={self._settings[key]!r}")
+        position = state.get("next_batch")
+        if not isinstance(position, int) or not 0 <= position <= self.num_batches:
+            raise ValueError(f"iterator state next_batch={position!r} is not in [0, {self.num_batches}]")
+        self._it.close()
+        self._it = self._start(position)
+        self._next_batch = position
+
+    def start_prefetch(self) -> None:
+        self._it.start_prefetch()
+
+    def close(self) -> None:
+        if getattr(self, "_it", None) is not None:  # also called by __del__, maybe on a half-built object
+            self._it.close()
+
+
+def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
+                              num_epochs: int | None = None, process_index: int | None = None,
+                              process_count: int | None = None, max_seq_length: int | None = None,
+                              max_predictions_per_seq: int | None = None,
+                              worker_count: int = 0) -> PretrainingIterator:
+    """This process's batches of a create_pretraining_data output directory.
+
+    Args:
+      path: directory holding metadata.json and the ArrayRecord shards.
+      global_batch_size: rows per step over all processes.
+      seed: shuffle seed (non-negative int).
+      shuffle: shuffle globally, a new permutation each epoch; False reads the shards in order.
+      num_epochs: passes over the data; None repeats forever.
+      process_index, process_count: this process's slot; default jax.process_index() and
+        jax.process_count().
+      max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags).
+      worker_count: grain worker processes decoding batches (0: in this process, with threads).
+
+    Returns:
+      A PretrainingIterator of dicts of numpy arrays (shapes and dtypes in the module docstring).
+
+    Raises:
+      FileNotFoundError: `path` has no metadata.json (incomplete or not an output), or a shard is
+        missing.
+      ValueError: global_batch_size not divisible by process_count, a bad argument, lengths that differ
+        from the metadata, an unknown format version, or shards not holding the recorded count.
+    """
+    metadata = pretraining.read_metadata(path)
+    if metadata.get("format_version") != pretraining.FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {metadata.get('format_version')!r}, "
+                         f"expected {pretraining.FORMAT_VERSION}")
+    flags = metadata["flags"]
+    for name, wanted in (("max_seq_length", max_seq_length),
+                         ("max_predictions_per_seq", max_predictions_per_seq)):
+        if wanted is not None and wanted != flags[name]:
+            raise ValueError(f"{name}={wanted} requested but {path} holds {name}={flags[name]}")
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} is not in [0, process_count={process_count})")
+    if global_batch_size < 1 or global_batch_size % process_count:
+        raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of "
+                         f"process_count={process_count}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs={num_epochs} must be at least 1 (or None: forever)")
+    if seed < 0:
+        raise ValueError(f"seed={seed} must be non-negative")
+    if worker_count < 0:
+        raise ValueError(f"worker_count={worker_count} must be non-negative")
+    shards = [os.path.join(path, s) for s in metadata["shards"]]
+    for shard in shards:
+        if not os.path.isfile(shard):
+            raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
+
+    source = grain.sources.ArrayRecordDataSource(shards)
+    num_instances = len(source)
+    if num_instances != metadata["num_instances"] or num_instances == 0:
+        raise ValueError(f"{path}: shards hold {num_instances} records, metadata.json "
+                         f"num_instances={metadata['num_instances']}")
+    local_batch_size = global_batch_size // process_count
+    ds = grain.MapDataset.source(source)
+    if shuffle:
+        shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
+        ds = ds.shuffle(seed=shuffle_seed)
+    ds = ds.repeat(num_epochs)
+    ds = ds.batch(local_batch_size, drop_remainder=True,
+                  batch_fn=functools.partial(_decode_batch, max_seq_length=flags["max_seq_length"],
+                                             max_predictions_per_seq=flags["max_predictions_per_seq"]))
+    ds = ds[: len(ds) // process_count * process_count][process_index::process_count]
+    settings = {"seed": seed, "shuffle": shuffle, "num_epochs": num_epochs,
+                "global_batch_size": global_batch_size, "num_instances": num_instances}
+    return PretrainingIterator(ds, metadata=metadata, local_batch_size=local_batch_size, settings=settings,
+                               worker_count=worker_count)

@@ -1,0 +1,27 @@
+"""Analytic model FLOPs of a BERT pre-training step (for MFU and for checking compiled programs).
+
+Counts multiply-adds as 2 FLOPs and the backward pass as twice the forward (training = 3x forward), the
+convention of Kaplan et al. 2020 and PaLM's MFU (Chowdhery et al. 2022, appendix B). Embedding
+lookups, softmax, LayerNorm and other element-wise work are left out; attention's two L x L matmuls are
+counted; the MLM head is counted at the P predicted positions only, as `BertForPreTraining` computes it.
+"""
+
+from __future__ import annotations
+
+from bert_jax.modeling import BertConfig
+
+
+def forward_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int) -> float:
+    """FLOPs of one forward pass of `BertForPreTraining` for one sequence of `seq_length` tokens."""
+    d, i, n_layers, v = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    per_token_layer = 2 * (4 * d * d + 2 * d * i)  # Q, K, V, output projections; the two MLP matmuls
+    attention = 2 * 2 * seq_length * d  # per token: scores (q . k over L keys) and context (probs . v)
+    encoder = n_layers * seq_length * (per_token_layer + attention)
+    pooler_nsp = 2 * (d * d + 2 * d)
+    mlm = max_predictions * 2 * (d * d + d * v)  # transform dense + tied decoder
+    return float(encoder + pooler_nsp + mlm)
+
+
+def train_flops_per_step(config: BertConfig, batch_size: int, seq_length: int, max_predictions: int) -> float:
+    """FLOPs of one training step (forward + backward = 3x forward) over a global batch."""
+    return 3.0 * batch_size * forward_flops_per_sequence(config, seq_length, max_predictions)

@@ -1,0 +1,148 @@
+"""Device meshes and the one table that maps the model's logical axes to mesh axes.
+
+Mesh axes are `('data', 'fsdp', 'tensor')`:
+  data   - pure data parallelism: the batch is split, parameters replicated.
+  fsdp   - the batch is split and parameters (their `embed` dimension) are sharded, gathered per layer
+           (ZeRO-3 / fully sharded data parallelism).
+  tensor - Megatron-style tensor parallelism: attention heads, the MLP's intermediate dimension and the
+           vocabulary are split.
+
+`LOGICAL_AXIS_RULES` is the only place where logical names (declared by `bert_jax.modeling` on every
+parameter and on activations at block boundaries) meet mesh axes. Flax resolves a logical axis to the
+first rule whose mesh axis is not already used by the same array, so the activation
+("batch", "length", "embed") becomes (("data", "fsdp"), None, None) while the parameter
+("vocab", "embed") becomes ("tensor", "fsdp").
+
+Presets name the paper's pods (BERT-Base on 16 TPU chips, BERT-Large on 64) for TPU v3 (2 cores = 2 JAX
+devices per chip), v4 and v5e (1 device per chip), plus "cpu" (every local device on `data`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("predictions", None),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed_out", "tensor"),
+    ("embed", "fsdp"),
+    ("kv", None),
+    ("position", None),
+    ("token_type", None),
+    ("classes", None),
+    ("layers", None),
+)
+
+# name: (data, fsdp, tensor); -1 = all remaining devices. Devices per preset: v3 has 2 per chip.
+MESH_PRESETS: dict[str, tuple[int, int, int]] = {
+    "cpu": (-1, 1, 1),
+    "v3-32": (32, 1, 1),     # BERT-Base, 16 chips (paper)
+    "v4-16": (16, 1, 1),
+    "v5e-16": (16, 1, 1),
+    "v3-128": (16, 8, 1),    # BERT-Large, 64 chips (paper)
+    "v4-64": (8, 8, 1),
+    "v5e-64": (8, 8, 1),
+}
+
+
+def mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
+    """Resolves a -1 entry and checks that data * fsdp * tensor == num_devices.
+
+    Raises:
+      ValueError: (one line) more than one -1, a non-positive size, or a product that does not equal
+        the device count.
+    """
+    shape = [data, fsdp, tensor]
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))}: at most one axis may be -1")
+    if any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))}: sizes must be positive (or one -1)")
+    known = int(np.prod([s for s in shape if s != -1]))
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} does not divide the {num_devices} devices")
+        shape[shape.index(-1)] = num_devices // known
+    if int(np.prod(shape)) != num_devices:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} needs {int(np.prod(shape))} devices, "
+                         f"but {num_devices} are available")
+    return tuple(shape)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `Mesh` over `devices` (default: all) with axes ('data', 'fsdp', 'tensor').
+
+    Uses `jax.experimental.mesh_utils.create_device_mesh` so that on TPU the tensor axis follows the
+    fastest interconnect. Raises ValueError as `mesh_shape`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(data, fsdp, tensor, len(devices))
+    try:
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def preset_mesh(name: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh of a preset (see MESH_PRESETS); ValueError naming the preset when it does not fit."""
+    if name not in MESH_PRESETS:
+        raise ValueError(f"mesh preset {name!r} is not one of {sorted(MESH_PRESETS)}")
+    return make_mesh(*MESH_PRESETS[name], devices=devices)
+
+
+def batch_axis_size(mesh: Mesh) -> int:
+    """How many ways the batch is split: data * fsdp."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def check_batch(global_batch_size: int, mesh: Mesh) -> None:
+    """ValueError (one line) when the global batch does not split evenly over data * fsdp."""
+    ways = batch_axis_size(mesh)
+    if global_batch_size % ways:
+        raise ValueError(f"batch_size={global_batch_size} is not divisible by data*fsdp={ways} "
+                         f"of mesh {dict(mesh.shape)}")
+
+
+def logical_sharding(logical_axes: Any, mesh: Mesh) -> Any:
+    """Tree of logical PartitionSpecs -> tree of `NamedSharding`s under `LOGICAL_AXIS_RULES`."""
+    return nn.logical_to_mesh_sharding(logical_axes, mesh, LOGICAL_AXIS_RULES)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Sharding of an input array [B, ...] of rank `ndim`: batch over data and fsdp, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def axis_rules():
+    """Context manager that makes `nn.with_logical_constraint` in the model use the rules table."""
+    return nn.logical_axis_rules(LOGICAL_AXIS_RULES)
+
+
+def check_divisible(abstract: Any, shardings: Any) -> None:
+    """ValueError (one line, naming the array) when a sharded dimension does not divide evenly.
+
+    abstract: tree of arrays / ShapeDtypeStructs; shardings: matching tree of NamedShardings. E.g. a
+    vocabulary of 30522 on tensor=8 fails: pad `vocab_size` to a multiple (30528), ids are unaffected.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    for (path, leaf), s in zip(leaves, jax.tree_util.tree_leaves(shardings)):
+        for dim, axes in zip(leaf.shape, s.spec):
+            names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            ways = int(np.prod([s.mesh.shape[a] for a in names])) if names else 1
+            if dim % ways:
+                raise ValueError(f"{jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be split {ways} ways "
+                                 f"over mesh axes {names} (mesh {dict(s.mesh.shape)})")

@@ -1,0 +1,440 @@
+"""BERT pre-training over a device mesh: sharded state, one jitted step, two phases, exact resume.
+
+  python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
+      --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
+
+Design (shared/STYLE.md): the state is built sharded without ever existing unsharded
+(`jax.eval_shape` -> logical partition specs -> `jax.jit(init, out_shardings=...)`); `train_step` is a
+pure module-level function compiled once per phase with `in_shardings`, `out_shardings` and
+`donate_argnums`; dropout keys are `fold_in(rng, step)`, so a resumed run draws the same masks.
+
+Phases (paper, appendix A.2): `config.phases` splits `total_steps` by `fraction`; the learning-rate
+schedule and optimizer state run on across the switch, a checkpoint is written at the switch, and
+each checkpoint stores the phase and its input iterator's position, so a run resumed inside phase 2
+continues phase-2 data where it stopped.
+
+Failure handling: SIGTERM (TPU preemption) -> checkpoint at the next step boundary and a clean exit;
+a non-finite loss -> `FloatingPointError` naming the step, before any checkpoint of that state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import checkpointing, flops, losses, modeling, optim, sharding
+
+Batch = dict[str, jax.Array]
+BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+                "masked_lm_weights", "next_sentence_labels")
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step changes.
+
+    Attributes:
+      step: int32 scalar, optimizer steps taken.
+      params: the BertForPreTraining parameter tree (float32 unless param_dtype says otherwise).
+      opt_state: optax state (AdamW moments, schedule count).
+      rng: uint32 [2] base PRNG key; the dropout key of step s is fold_in(rng, s).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One pre-training phase, resolved to absolute steps [start, end)."""
+
+    index: int
+    start: int
+    end: int
+    max_seq_length: int
+    max_predictions_per_seq: int
+    batch_size: int
+    data_dir: str
+
+
+def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
+    """Turns `config.phases` fractions into step ranges; the last phase ends at total_steps.
+
+    Raises:
+      ValueError: no phase, fractions not summing to 1, or a phase longer than max_position_embeddings.
+    """
+    if not config.phases:
+        raise ValueError("config.phases is empty")
+    total = sum(p.fraction for p in config.phases)
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"config.phases fractions sum to {total}, not 1")
+    phases, start = [], 0
+    for i, p in enumerate(config.phases):
+        end = config.total_steps if i == len(config.phases) - 1 else start + round(p.fraction * config.total_steps)
+        if p.max_seq_length > config.model.max_position_embeddings:
+            raise ValueError(f"config.phases[{i}].max_seq_length={p.max_seq_length} exceeds "
+                             f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
+        phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir))
+        start = end
+    return phases
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+    if config.mesh.preset:
+        return sharding.preset_mesh(config.mesh.preset)
+    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+
+
+def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
+    """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
+    modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
+    phases = resolve_phases(config)
+    for p in phases:
+        sharding.check_batch(p.batch_size, mesh)
+        if p.batch_size % (jax.process_count() * config.grad_accum_steps):
+            raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by "
+                             f"processes x grad_accum_steps = {jax.process_count() * config.grad_accum_steps}")
+        if need_data:
+            meta_file = os.path.join(p.data_dir, "metadata.json")
+            if not os.path.isfile(meta_file):
+                raise FileNotFoundError(f"config.phases[{p.index}].data_dir={p.data_dir!r}: no metadata.json "
+                                        "(run python -m bert_jax.data.create_pretraining_data first)")
+            with open(meta_file, encoding="utf-8") as f:
+                flags = json.load(f)["flags"]
+            if (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (p.max_seq_length,
+                                                                               p.max_predictions_per_seq):
+                raise ValueError(f"config.phases[{p.index}] wants length {p.max_seq_length} / {p.max_predictions_per_seq} "
+                                 f"predictions but {p.data_dir} holds {flags['max_seq_length']} / "
+                                 f"{flags['max_predictions_per_seq']}")
+            if flags.get("vocab_size", config.model.vocab_size) > config.model.vocab_size:
+                raise ValueError(f"{p.data_dir}: vocabulary of {flags['vocab_size']} tokens exceeds "
+                                 f"config.model.vocab_size={config.model.vocab_size}")
+    return phases
+
+
+# ----------------------------------------------------------------------------- state and steps
+
+
+def create_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraining:
+    return modeling.BertForPreTraining(modeling.BertConfig.from_dict(config.model))
+
+
+def create_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    return optim.create_optimizer(
+        learning_rate=config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.total_steps,
+        optimizer=config.optimizer, weight_decay=config.weight_decay, b1=config.adam_b1, b2=config.adam_b2,
+        eps=config.adam_eps, max_grad_norm=config.max_grad_norm, grad_accum_steps=config.grad_accum_steps)
+
+
+def _init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, boxed: bool) -> TrainState:
+    rng = jax.random.PRNGKey(seed)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    variables = model.init({"params": jax.random.fold_in(rng, 1)}, ids, masked_lm_positions=ids[:, :2])
+    params = variables["params"]
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+    return state if boxed else nn.unbox(state)
+
+
+def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+                    seed: int = 0) -> tuple[Any, Any]:
+    """(abstract unboxed TrainState, tree of NamedShardings) from the logical axis names, no allocation."""
+    boxed = jax.eval_shape(functools.partial(_init_state, model, tx, seed, True))
+    specs = nn.get_partition_spec(boxed)
+    shardings = sharding.logical_sharding(specs, mesh)
+    return jax.eval_shape(functools.partial(_init_state, model, tx, seed, False)), shardings
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+                       seed: int) -> tuple[TrainState, Any]:
+    """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings."""
+    _, shardings = state_shardings(model, tx, mesh, seed)
+    with jax.set_mesh(mesh):
+        state = jax.jit(functools.partial(_init_state, model, tx, seed, False), out_shardings=shardings)()
+    return state, shardings
+
+
+def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool):
+    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                      batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
+    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch)
+
+
+def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,
+               schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step (pure). batch: the standard fields, global [B, ...] arrays.
+
+    Returns the new state and float32 scalar metrics: loss, mlm_loss, mlm_accuracy, nsp_loss,
+    nsp_accuracy, num_predictions, grad_norm, learning_rate.
+    """
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+    with sharding.axis_rules():
+        (loss, metrics), grads = jax.value_and_grad(_loss_and_metrics, has_aux=True)(
+            state.params, model, batch, dropout_rng, False)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, loss=loss, grad_norm=optim.global_norm(grads), learning_rate=schedule(state.step))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
+    """Deterministic forward pass -> the metrics of `losses.pretraining_loss` (float32 scalars)."""
+    with sharding.axis_rules():
+        loss, metrics = _loss_and_metrics(params, model, batch, jax.random.PRNGKey(0), True)
+    return dict(metrics, loss=loss)
+
+
+def compile_steps(model, tx, schedule, mesh, shardings) -> tuple[Callable, Callable]:
+    """(train_step, eval_step) jitted with explicit shardings; the state's buffers are donated."""
+    batch_shardings = {k: sharding.batch_sharding(mesh, 1 if k == "next_sentence_labels" else 2) for k in BATCH_FIELDS}
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+                   in_shardings=(shardings, batch_shardings), out_shardings=(shardings, replicated),
+                   donate_argnums=(0,))
+    evaluate = jax.jit(functools.partial(eval_step, model=model),
+                       in_shardings=(shardings.params, batch_shardings), out_shardings=replicated)
+    return step, evaluate
+
+
+def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch:
+    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp)."""
+    out = {}
+    for k in BATCH_FIELDS:
+        x = local[k]
+        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x, global_shape)
+    return out
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class _Preemption:
+    """SIGTERM -> a flag checked at step boundaries."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+
+
+def _iterator(phase: Phase, config, state: dict | None):
+    from bert_jax.data import pipeline
+
+    it = pipeline.make_pretraining_iterator(
+        phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
+        max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq)
+    if state is not None:
+        it.set_state(state)
+    return it
+
+
+def _phase_at(phases: list[Phase], step: int) -> Phase:
+    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       max_steps: int | None = None) -> dict[str, float]:
+    """Pre-trains according to `config`, writing checkpoints and summaries under `workdir`.
+
+    Args:
+      config: a configs/pretrain.py config.
+      workdir: run directory (local or gs://): checkpoints/, tensorboard/; resumes from the latest
+        checkpoint in it.
+      max_steps: stop after this global step (for tests and benchmarks); default total_steps.
+
+    Returns:
+      The last logged metrics (floats), with "step" = the step the run stopped at.
+
+    Raises:
+      ValueError / FileNotFoundError: bad config, mesh or data (before compiling).
+      FloatingPointError: a non-finite loss, naming the step.
+    """
+    mesh = make_mesh(config)
+    phases = validate(config, mesh)
+    model = create_model(config)
+    tx, schedule = create_optimizer(config)
+    bert_config = model.config
+    abstract, shardings = state_shardings(model, tx, mesh, config.seed)
+    sharding.check_divisible(abstract, shardings)
+    is_main = jax.process_index() == 0
+    checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                              max_to_keep=config.keep_checkpoints)
+    latest = checkpointer.latest_step()
+    if latest is None:
+        state, _ = create_train_state(model, tx, mesh, config.seed)
+        data_state = None
+    else:
+        state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))
+    step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings)
+    writer = _summary_writer(workdir) if is_main else None
+    final_step = min(config.total_steps, max_steps or config.total_steps)
+    start_step = int(jax.device_get(state.step))
+    config_json = json.loads(config.to_json())
+
+    saved = {latest}
+
+    def save(step, phase, iterator):
+        if step not in saved:
+            checkpointer.save(step, state, {"phase": phase.index, "iterator": iterator.get_state()}, config_json)
+            saved.add(step)
+
+    metrics_out: dict[str, float] = {}
+    phase = _phase_at(phases, start_step)
+    iterator = _iterator(phase, config, data_state["iterator"] if data_state and data_state["phase"] == phase.index
+                         else None)
+    progress = _progress(start_step, final_step, is_main)
+    pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
+    window_start, window_steps = time.perf_counter(), 0
+    with jax.set_mesh(mesh), _Preemption() as preemption:
+        step = start_step
+        while step < final_step:
+            if step == phase.end:  # phase switch: checkpoint, then the next phase's data
+                _check_finite(pending)
+                save(step, phase, iterator)
+                phase = phases[phase.index + 1]
+                iterator = _iterator(phase, config, None)
+            batch = global_batch(next(iterator), mesh)
+            state, metrics = step_fn(state, batch)
+            _check_finite(pending)
+            pending = (step, metrics)
+            step += 1
+            window_steps += 1
+            progress.update(1)
+            if step % config.log_every == 0 or step == final_step:
+                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                _check_finite((step - 1, values))
+                elapsed = time.perf_counter() - window_start
+                seqs = window_steps * phase.batch_size / elapsed
+                values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
+                if config.peak_tflops_per_device:
+                    model_flops = flops.train_flops_per_step(bert_config, phase.batch_size, phase.max_seq_length,
+                                                             phase.max_predictions_per_seq)
+                    values["mfu"] = model_flops * window_steps / elapsed / (
+                        config.peak_tflops_per_device * 1e12 * jax.device_count())
+                metrics_out = dict(values, step=step, phase=phase.index)
+                _write(writer, step, values, "train")
+                progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
+                                     nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
+                window_start, window_steps = time.perf_counter(), 0
+            if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
+                _write(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
+            if preemption.requested or step % config.checkpoint_every == 0 or step == final_step:
+                _check_finite(pending)
+                save(step, phase, iterator)
+                if preemption.requested:
+                    print(f"SIGTERM: checkpoint saved at step {step}, exiting", file=sys.stderr, flush=True)
+                    break
+    progress.close()
+    metrics_out["step"] = step  # where the run stopped (the metrics are those of the last log)
+    checkpointer.close()
+    if writer is not None:
+        writer.close()
+    return metrics_out
+
+
+def _check_finite(pending: tuple[int, dict] | None) -> None:
+    if pending is None:
+        return
+    step, metrics = pending
+    loss = float(metrics["loss"])
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"non-finite loss {loss} at step {step}; the last checkpoint is kept")
+
+
+def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
+    from bert_jax.data import pipeline
+
+    it = pipeline.make_pretraining_iterator(config.eval_data_dir, global_batch_size=phase.batch_size, shuffle=False,
+                                            num_epochs=1)
+    totals: dict[str, float] = {}
+    n = 0
+    for local in it:
+        if n == config.eval_batches or local["input_ids"].shape[1] > config.model.max_position_embeddings:
+            break
+        for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        n += 1
+    return {k: v / max(n, 1) for k, v in totals.items()}
+
+
+def _summary_writer(workdir: str):
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def _write(writer, step: int, values: dict[str, float], prefix: str) -> None:
+    if writer is None:
+        return
+    for k, v in values.items():
+        writer.add_scalar(f"{prefix}/{k}", v, step)
+    writer.flush()
+
+
+def _progress(start: int, total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, disable=not enabled, desc="pre-training", dynamic_ncols=True,
+                file=sys.stderr)
+
+
+def main(argv):
+    del argv
+    from absl import flags, logging
+
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
+    config = flags.FLAGS.config
+    workdir = flags.FLAGS.workdir
+    try:
+        metrics = train_and_evaluate(config, workdir, max_steps=flags.FLAGS.max_steps)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        raise SystemExit(f"train: {e}") from None
+    if jax.process_index() == 0:
+        print(json.dumps(metrics))
+    return 0
+
+
+def _define_flags():
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Pre-training config file, e.g. configs/pretrain.py:tiny.")
+    flags.DEFINE_string("workdir", None, "Run directory: checkpoints and TensorBoard summaries.")
+    flags.DEFINE_integer("max_steps", None, "Stop after this step (default: config.total_steps).")
+    flags.mark_flags_as_required(["config", "workdir"])
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,252 @@
+"""Pre-training: sharding rules on every state leaf, mesh equivalence, exact resume after SIGKILL
+(also across the phase switch), SIGTERM, config errors, and learning on real data."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from bert_jax import optim, sharding, train
+from bert_jax.data import corpus, pretraining, tokenization
+from configs import pretrain
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def instances(data_dir, tmp_path_factory):
+    """Real instances from the original's sample text: phase 1 (64/10) and phase 2 (128/20)."""
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    out = tmp_path_factory.mktemp("instances")
+    for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
+        pretraining.create_pretraining_data(
+            corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
+            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
+                                                                       max_predictions_per_seq=predictions),
+            dupe_factor=5, num_shards=2)
+    return out
+
+
+def _config(instances, **overrides):
+    config = pretrain.get_config("tiny")
+    config.model.vocab_size = 30528  # 30522 padded to a multiple of 8, so tensor=8 can split it
+    config.model.num_attention_heads = 8
+    config.phases[0].data_dir = str(instances / "p1")
+    config.phases[1].data_dir = str(instances / "p2")
+    config.total_steps = 20
+    config.warmup_steps = 5
+    for k, v in overrides.items():
+        config[k] = v
+    return config
+
+
+def _run_steps(config, mesh, num_steps):
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    state, shardings = train.create_train_state(model, tx, mesh, config.seed)
+    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
+    phase = train.resolve_phases(config)[0]
+    it = train._iterator(phase, config, None)
+    losses = []
+    with jax.set_mesh(mesh):
+        for _ in range(num_steps):
+            state, metrics = step_fn(state, train.global_batch(next(it), mesh))
+            losses.append(float(metrics["loss"]))
+    return state, shardings, np.array(losses)
+
+
+@pytest.fixture(scope="module")
+def single_device_run(instances):
+    config = _config(instances)
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    return _run_steps(config, mesh, 20)
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)], ids=["data8", "2x2x2", "tensor8"])
+def test_meshes_match_a_single_device(shape, instances, single_device_run):
+    assert jax.device_count() == 8
+    _, _, reference = single_device_run
+    state, shardings, losses = _run_steps(_config(instances), sharding.make_mesh(*shape), 20)
+    assert reference[-1] < reference[0]  # it trains
+    np.testing.assert_allclose(losses, reference, rtol=1e-5)
+    # Every state leaf is laid out as the rules table says for its logical axes.
+    model = train.create_model(_config(instances))
+    tx, _ = train.create_optimizer(_config(instances))
+    boxed = jax.eval_shape(lambda: train._init_state(model, tx, 0, True))
+    specs = jax.tree_util.tree_leaves(__import__("flax").linen.get_partition_spec(boxed))
+    expected = jax.tree_util.tree_leaves(sharding.logical_sharding(
+        __import__("flax").linen.get_partition_spec(boxed), sharding.make_mesh(*shape)))
+    actual = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x.sharding, state))
+    assert len(actual) == len(expected) == len(specs)
+    for a, e in zip(actual, expected):
+        assert a.spec == e.spec
+
+
+def test_rules_table_on_named_leaves(instances):
+    config = _config(instances)
+    model = train.create_model(config)
+    tx, _ = train.create_optimizer(config)
+    mesh = sharding.make_mesh(2, 2, 2)
+    _, shardings = train.state_shardings(model, tx, mesh)
+    p = traverse_util.flatten_dict(shardings.params, sep="/")
+    P = jax.sharding.PartitionSpec
+    assert p["bert/embeddings/word_embeddings/embedding"].spec == P("tensor", "fsdp")
+    assert p["bert/encoder/layer_0/attention/query_kernel"].spec == P("fsdp", "tensor", None)
+    assert p["bert/encoder/layer_0/attention/output_kernel"].spec == P("tensor", None, "fsdp")
+    assert p["bert/encoder/layer_0/intermediate/kernel"].spec == P("fsdp", "tensor")
+    assert p["bert/encoder/layer_0/output_LayerNorm/scale"].spec == P("fsdp")
+    assert p["mlm_output_bias"].spec == P("tensor")
+    assert p["bert/embeddings/position_embeddings/embedding"].spec == P(None, "fsdp")
+    # Adam moments follow their parameters; the step counter is replicated.
+    mu = traverse_util.flatten_dict(shardings.opt_state[1][0].mu, sep="/")
+    assert mu["bert/embeddings/word_embeddings/embedding"].spec == P("tensor", "fsdp")
+    assert shardings.step.spec == P()
+
+
+def test_config_errors_before_compiling(instances):
+    mesh = sharding.make_mesh(8, 1, 1)
+    bad = _config(instances)
+    bad.phases[0].batch_size = 12
+    with pytest.raises(ValueError, match=r"batch_size=12 is not divisible by data\*fsdp=8"):
+        train.validate(bad, mesh)
+    bad = _config(instances)
+    bad.phases[1].max_seq_length = 1024
+    with pytest.raises(ValueError, match="exceeds config.model.max_position_embeddings=512"):
+        train.validate(bad, mesh)
+    bad = _config(instances)
+    bad.phases[1].data_dir = "/nonexistent/p2"
+    with pytest.raises(FileNotFoundError, match="no metadata.json"):
+        train.validate(bad, mesh)
+    bad = _config(instances)
+    bad.phases[1].max_predictions_per_seq = 30
+    with pytest.raises(ValueError, match="holds 128 / 20"):
+        train.validate(bad, mesh)
+    with pytest.raises(ValueError, match="needs 16 devices, but 8 are available"):
+        sharding.make_mesh(4, 4, 1)
+    config = _config(instances)
+    config.model.vocab_size = 30522
+    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 8))
+    with pytest.raises(ValueError, match=r"word_embeddings.*cannot be split 8 ways"):
+        sharding.check_divisible(abstract, shardings)
+
+
+def test_schedule_and_weight_decay_mask():
+    schedule = optim.learning_rate_schedule(1e-4, 10, 110)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(5)) == pytest.approx(5e-5)
+    assert float(schedule(10)) == pytest.approx(1e-4)
+    assert float(schedule(60)) == pytest.approx(5e-5)
+    assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
+    mask = traverse_util.flatten_dict(optim.weight_decay_mask(
+        {"bert": {"embeddings": {"LayerNorm": {"scale": 1, "bias": 1}, "word_embeddings": {"embedding": 1}},
+                  "pooler": {"kernel": 1, "bias": 1}}, "mlm_output_bias": 1,
+         "layer": {"attention": {"query_kernel": 1, "query_bias": 1}}}), sep="/")
+    assert mask == {"bert/embeddings/LayerNorm/scale": False, "bert/embeddings/LayerNorm/bias": False,
+                    "bert/embeddings/word_embeddings/embedding": True, "bert/pooler/kernel": True,
+                    "bert/pooler/bias": False, "mlm_output_bias": False,
+                    "layer/attention/query_kernel": True, "layer/attention/query_bias": False}
+
+
+# ----------------------------------------------------------------------------- subprocess runs
+
+
+def _cmd(instances, workdir, total_steps=30, extra=()):
+    return [sys.executable, "-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
+            f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
+            f"--config.total_steps={total_steps}", "--config.phases[0].fraction=0.5",
+            "--config.phases[1].fraction=0.5", "--config.checkpoint_every=3", "--config.log_every=5",
+            "--config.keep_checkpoints=50", *extra]
+
+
+def _env():
+    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=str(ROOT))
+
+
+def _steps(workdir):
+    d = workdir / "checkpoints"
+    return sorted(int(p) for p in os.listdir(d) if p.isdigit()) if d.is_dir() else []
+
+
+def _final_params(workdir, step):
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(str(workdir / "checkpoints"), item_names=("state", "data", "config"),
+                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+        restored = m.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return traverse_util.flatten_dict(jax.device_get(restored["state"]["params"]), sep="/")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(instances, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    result = subprocess.run(_cmd(instances, workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics["step"] == 30 and metrics["phase"] == 1
+    assert 15 in _steps(workdir)  # the checkpoint at the phase switch
+    return _final_params(workdir, 30)
+
+
+def _kill_at(instances, workdir, at_least):
+    proc = subprocess.Popen(_cmd(instances, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not [s for s in _steps(workdir) if s >= at_least]:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read()[-3000:])
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("where", ["phase1", "phase2"])
+def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, tmp_path):
+    # Killed at a random point inside phase 1 (the resumed run then crosses the switch) or inside phase 2.
+    rng = random.Random(os.getpid())
+    at_least = rng.randint(3, 11) if where == "phase1" else rng.randint(18, 26)
+    _kill_at(instances, tmp_path, at_least)
+    killed_at = max(_steps(tmp_path))
+    assert killed_at < 30
+    result = subprocess.run(_cmd(instances, tmp_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = _final_params(tmp_path, 30)
+    assert resumed.keys() == uninterrupted.keys()
+    for k in resumed:
+        np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
+
+
+def test_sigterm_saves_and_exits_cleanly(instances, tmp_path):
+    proc = subprocess.Popen(_cmd(instances, tmp_path, total_steps=10_000, extra=["--config.checkpoint_every=1000"]),
+                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (tmp_path / "tensorboard").is_dir():
+        time.sleep(0.1)
+    time.sleep(3.0)  # some steps in
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    stopped = json.loads(out.strip().splitlines()[-1])["step"]
+    match = re.search(r"SIGTERM: checkpoint saved at step (\d+), exiting", err)
+    assert match, err[-2000:]
+    step = int(match.group(1))
+    assert _steps(tmp_path) == [step] and 0 < step < 10_000
+    assert stopped == step
+
+
+def test_config_error_is_one_line_from_the_cli(instances, tmp_path):
+    cmd = _cmd(instances, tmp_path, extra=["--config.phases[1].data_dir=/nonexistent"])
+    result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "train: config.phases[1].data_dir='/nonexistent': no metadata.json" in result.stderr
+    assert "Traceback" not in result.stderr
