@@ -14,7 +14,6 @@ import pathlib
 import sys
 import tempfile
 
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

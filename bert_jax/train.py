@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import flax.linen as nn
 import flax.struct
@@ -100,9 +100,11 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+    """The mesh of `config.mesh` (a preset, or data/fsdp/tensor sizes over the first num_devices)."""
+    devices = jax.devices()[: config.mesh.num_devices] if config.mesh.get("num_devices") else None
     if config.mesh.preset:
-        return sharding.preset_mesh(config.mesh.preset)
-    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+        return sharding.preset_mesh(config.mesh.preset, devices)
+    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
 
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:

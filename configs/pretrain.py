@@ -82,6 +82,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         data=-1,  # data-parallel ways (-1: all remaining devices)
         fsdp=1,  # fully-sharded data-parallel ways
         tensor=1,  # tensor-parallel ways
+        num_devices=0,  # use the first N devices (0 = all), e.g. 1 to debug on one CPU device
     ))
     config.log_every = 100  # steps between metrics (TensorBoard and console)
     config.checkpoint_every = 10_000  # steps between checkpoints (also at the phase switch and the end)

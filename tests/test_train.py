@@ -250,3 +250,64 @@ def test_config_error_is_one_line_from_the_cli(instances, tmp_path):
     assert result.returncode != 0
     assert "train: config.phases[1].data_dir='/nonexistent': no metadata.json" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_path_factory):
+    # The uninterrupted run used 4 devices on `data`; restore its final state onto 8 devices as 2x2x2.
+    workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("uninterrupted"))
+    config = pretrain.get_config("tiny")  # what the subprocess ran
+    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    mesh = sharding.make_mesh(2, 2, 2)
+    abstract, shardings = train.state_shardings(model, tx, mesh)
+    checkpointer = train.checkpointing.Checkpointer(str(workdir / "checkpoints"))
+    state, data = checkpointer.restore(30, train.checkpointing.abstract_like(abstract, shardings))
+    checkpointer.close()
+    assert data["phase"] == 1 and int(state.step) == 30
+    word = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert word.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+    restored = traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+    for k, v in uninterrupted.items():
+        np.testing.assert_array_equal(restored[k], v, err_msg=k)
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tmp_path):
+    config = _config(instances, total_steps=12, checkpoint_every=2, log_every=100)
+    config.mesh.data = 8
+    train.train_and_evaluate(config, str(tmp_path), max_steps=4)
+    assert _steps(tmp_path)[-1] == 4
+    config.learning_rate = 1e12  # diverges at once when resumed
+    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step (\d+)"):
+        train.train_and_evaluate(config, str(tmp_path))
+    steps = _steps(tmp_path)
+    good = _final_params(tmp_path, steps[-1])
+    assert all(np.isfinite(v).all() for v in good.values())
+
+
+def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
+    """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, NSP above chance."""
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    pretraining.create_pretraining_data(
+        corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")], corpus.ReadStats()),
+        tok, str(tmp_path / "p1"), options=pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10),
+        dupe_factor=1, num_shards=1)
+    config = pretrain.get_config("tiny")
+    config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
+    config.total_steps, config.log_every, config.checkpoint_every = 200, 10, 200
+    config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
+    history = []
+    original_write = train._write
+    train._write = lambda writer, step, values, prefix: (history.append((step, values)),
+                                                          original_write(writer, step, values, prefix))
+    try:
+        final = train.train_and_evaluate(config, str(tmp_path / "run"))
+    finally:
+        train._write = original_write
+    first, last = history[0][1], history[-1][1]
+    drop = 1 - last["mlm_loss"] / first["mlm_loss"]
+    print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} ({drop:.0%} lower), "
+          f"MLM accuracy {last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f} "
+          f"(mean of the last 5 logs {np.mean([v['nsp_accuracy'] for _, v in history[-5:]]):.3f})")
+    assert final["step"] == 200
+    assert drop >= 0.30
+    assert np.mean([v["nsp_accuracy"] for _, v in history[-5:]]) > 0.5
+    assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written

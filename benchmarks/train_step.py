@@ -1,0 +1,137 @@
+"""Train-step speed: bert_jax against transformers' PyTorch BertForPreTraining + AdamW, same run.
+
+  .venv/bin/python benchmarks/train_step.py [--sizes mini,base] [--steps 10]
+
+For each size: sequences/s of our jitted `train_step` (one device using all cores, float32, dropout on,
+sparse MLM at 20 positions) and of the peer (transformers BertForPreTraining in train mode, masked-LM
+labels at the same 20 positions, torch.optim.AdamW, torch threads = the machine's cores), the ratio,
+and MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling measured in the same
+run (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices).
+
+Bars (issue 4): ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
+MFU >= 60% on base.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bert_jax import flops, modeling, sharding, train  # noqa: E402
+from configs import pretrain  # noqa: E402
+
+SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
+LENGTH, PREDICTIONS = 128, 20
+
+
+def make_batch(batch, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, vocab, size=(batch, LENGTH)).astype(np.int32)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, LENGTH - 1), PREDICTIONS, replace=False)
+                                  for _ in range(batch)]), axis=1).astype(np.int32)
+    return {
+        "input_ids": ids, "token_type_ids": (np.arange(LENGTH)[None] >= LENGTH // 2).repeat(batch, 0).astype(np.int32),
+        "attention_mask": np.ones((batch, LENGTH), np.int32), "masked_lm_positions": positions,
+        "masked_lm_ids": np.take_along_axis(ids, positions, 1), "masked_lm_weights": np.ones((batch, PREDICTIONS), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, size=batch).astype(np.int32),
+    }
+
+
+def time_ours(config, batch, steps):
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    state, shardings = train.create_train_state(model, tx, mesh, 0)
+    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
+    with jax.set_mesh(mesh):
+        device_batch = train.global_batch(batch, mesh)
+        for _ in range(2):  # compile + warm up
+            state, metrics = step_fn(state, device_batch)
+        jax.block_until_ready(state)
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = step_fn(state, device_batch)
+        jax.block_until_ready(state)
+    return (time.perf_counter() - start) / steps
+
+
+def time_peer(config, batch, steps):
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count())
+    hf = transformers.BertForPreTraining(transformers.BertConfig(
+        **{k: config.model[k] for k in modeling.BERT_CONFIG_FIELDS})).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    labels = np.full(batch["input_ids"].shape, -100, np.int64)
+    np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
+    inputs = {k: torch.from_numpy(batch[k].astype(np.int64)) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    labels = torch.from_numpy(labels)
+    nsp = torch.from_numpy(batch["next_sentence_labels"].astype(np.int64))
+
+    def step():
+        out = hf(**inputs, labels=labels, next_sentence_label=nsp)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def matmul_ceiling(n=2048, repeats=10):
+    import torch
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = f(a)
+    out.block_until_ready()
+    jax_rate = 2 * n**3 * repeats / (time.perf_counter() - start)
+    t = torch.ones(n, n)
+    torch.matmul(t, t)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.matmul(t, t)
+    torch_rate = 2 * n**3 * repeats / (time.perf_counter() - start)
+    return max(jax_rate, torch_rate), jax_rate, torch_rate
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="mini,base")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    ceiling, jax_rate, torch_rate = matmul_ceiling()
+    print(f"matmul ceiling: {ceiling / 1e9:.1f} GFLOP/s (jnp.dot {jax_rate / 1e9:.1f}, torch {torch_rate / 1e9:.1f}), "
+          f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores")
+    print(f"{'size':<6}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}")
+    for name in args.sizes.split(","):
+        size, batch_size = SIZES[name]
+        config = pretrain.get_config(size)
+        batch = make_batch(batch_size, config.model.vocab_size)
+        ours = time_ours(config, batch, args.steps)
+        peer = time_peer(config, batch, args.steps)
+        model_flops = flops.train_flops_per_step(modeling.BertConfig.from_dict(config.model), batch_size, LENGTH,
+                                                 PREDICTIONS)
+        print(f"{name:<6}{batch_size:>6}{batch_size / ours:>12.2f}{batch_size / peer:>12.2f}{peer / ours:>7.2f}x"
+              f"{model_flops / ours / ceiling:>7.0%}")
+
+
+if __name__ == "__main__":
+    main()
