@@ -51,6 +51,26 @@ class ReadStats:
     empty_sentences: int = 0
 
 
+def _blocks(path: str, stats: ReadStats) -> Iterator[list[str]]:
+    """Runs of non-blank lines (stripped) of one file; lines that are not UTF-8 are counted, skipped."""
+    block: list[str] = []
+    with open(path, "rb") as f:
+        for raw in f:
+            stats.lines += 1
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                stats.invalid_utf8_lines += 1
+                continue
+            if line:
+                block.append(line)
+            elif block:
+                yield block
+                block = []
+    if block:
+        yield block
+
+
 def read_sentence_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
     """The original format: one sentence per line, a blank line between documents.
 
@@ -58,45 +78,14 @@ def read_sentence_documents(files: Sequence[str], stats: ReadStats) -> Iterator[
     counted in `stats.invalid_utf8_lines`. Each file also ends a document.
     """
     for path in files:
-        document: list[str] = []
-        with open(path, "rb") as f:
-            for raw in f:
-                stats.lines += 1
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError:
-                    stats.invalid_utf8_lines += 1
-                    continue
-                if line:
-                    document.append(line)
-                elif document:
-                    yield document
-                    document = []
-        if document:
-            yield document
+        yield from _blocks(path, stats)
 
 
 def read_text_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
     """Plain text: each file is one document; paragraphs (blank-line separated) are split into
     sentences with `split_sentences`. Invalid UTF-8 lines are skipped and counted."""
     for path in files:
-        paragraphs, current = [], []
-        with open(path, "rb") as f:
-            for raw in f:
-                stats.lines += 1
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError:
-                    stats.invalid_utf8_lines += 1
-                    continue
-                if line:
-                    current.append(line)
-                elif current:
-                    paragraphs.append(" ".join(current))
-                    current = []
-        if current:
-            paragraphs.append(" ".join(current))
-        document = [s for p in paragraphs for s in split_sentences(p)]
+        document = [s for block in _blocks(path, stats) for s in split_sentences(" ".join(block))]
         if document:
             yield document
 
