@@ -156,6 +156,27 @@ def test_schedule_and_weight_decay_mask():
                     "layer/attention/query_kernel": True, "layer/attention/query_bias": False}
 
 
+def test_gradient_accumulation_and_lamb():
+    import jax.numpy as jnp
+
+    params = {"w": jnp.ones((3,)), "LayerNorm": {"scale": jnp.ones((3,))}}
+    grads = {"w": jnp.array([0.1, -0.2, 0.3]), "LayerNorm": {"scale": jnp.array([0.3, 0.2, 0.1])}}
+    one, _ = optim.create_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10)
+    two, _ = optim.create_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, grad_accum_steps=2)
+    u1, _ = one.update(grads, one.init(params), params)
+    s2 = two.init(params)
+    half, s2 = two.update(jax.tree_util.tree_map(lambda g: 0.5 * g, grads), s2, params)
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(half))  # not applied yet
+    u2, _ = two.update(jax.tree_util.tree_map(lambda g: 1.5 * g, grads), s2, params)  # mean = grads
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), u2, u1)
+    # Weight decay: LayerNorm gets none, w does (same gradient magnitude, different update).
+    lamb, _ = optim.create_optimizer(optimizer="lamb", learning_rate=0.1, warmup_steps=0, total_steps=10)
+    u, _ = lamb.update(grads, lamb.init(params), params)
+    assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(u))
+    with pytest.raises(ValueError, match="'sgd' is not 'adamw' or 'lamb'"):
+        optim.create_optimizer(optimizer="sgd")
+
+
 # ----------------------------------------------------------------------------- subprocess runs
 
 
@@ -294,6 +315,7 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
     config.total_steps, config.log_every, config.checkpoint_every = 200, 10, 200
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
+    config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "p1"), 100, 2
     history = []
     original_write = train._write
     train._write = lambda writer, step, values, prefix: (history.append((step, values)),
@@ -302,6 +324,9 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
         final = train.train_and_evaluate(config, str(tmp_path / "run"))
     finally:
         train._write = original_write
+    evals = [v for step, v in history if "sequences_per_second" not in v]
+    assert len(evals) == 2 and all(np.isfinite(v["mlm_loss"]) for v in evals)  # eval_step at steps 100, 200
+    history = [(step, v) for step, v in history if "sequences_per_second" in v]
     first, last = history[0][1], history[-1][1]
     drop = 1 - last["mlm_loss"] / first["mlm_loss"]
     print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} ({drop:.0%} lower), "
