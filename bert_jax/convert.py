@@ -43,7 +43,9 @@ PYTORCH_NAME = "pytorch_model.bin"
 # Hugging Face buffers and tied copies that carry no parameter of their own.
 _IGNORED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}
 _TIED_DECODER = "cls.predictions.decoder.weight"
-_HEAD_PREFIXES = ("mlm_", "nsp")
+# Created fresh (and reported) when a file lacks them: the pre-training heads, and the pooler, which
+# BertForMaskedLM checkpoints do not have.
+_HEAD_PREFIXES = ("mlm_", "nsp", "bert/pooler/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,8 +299,7 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
     if unknown:
         log.warning("%s: %d tensors not used by BertForPreTraining: %s", weight_file, len(unknown), unknown)
     if missing_heads:
-        log.warning("%s: pre-training heads absent, initialised with seed %d: %s", weight_file, seed,
-                    missing_heads)
+        log.warning("%s: heads absent, initialised with seed %d: %s", weight_file, seed, missing_heads)
         fresh = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
         for path_ in expected:
             if path_ not in flat:
@@ -340,7 +341,7 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str) -> None:
     tensors = {}
     for rule in _rules(config):
         if rule.ours not in flat:
-            if pretraining or not rule.ours.startswith(_HEAD_PREFIXES):
+            if pretraining or not rule.ours.startswith(("mlm_", "nsp")):
                 raise ValueError(f"params: missing {rule.ours} for {rule.hf}")
             continue
         value = np.asarray(flat.pop(rule.ours), dtype=np.float32)

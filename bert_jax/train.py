@@ -91,6 +91,9 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     phases, start = [], 0
     for i, p in enumerate(config.phases):
         end = config.total_steps if i == len(config.phases) - 1 else start + round(p.fraction * config.total_steps)
+        if end <= start:
+            raise ValueError(f"config.phases[{i}] gets no steps (fraction {p.fraction} of total_steps="
+                             f"{config.total_steps})")
         if p.max_seq_length > config.model.max_position_embeddings:
             raise ValueError(f"config.phases[{i}].max_seq_length={p.max_seq_length} exceeds "
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
@@ -113,9 +116,14 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
     phases = resolve_phases(config)
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
-        if p.batch_size % (jax.process_count() * config.grad_accum_steps):
-            raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by "
-                             f"processes x grad_accum_steps = {jax.process_count() * config.grad_accum_steps}")
+        if p.batch_size % config.grad_accum_steps or \
+                (p.batch_size // config.grad_accum_steps) % sharding.batch_axis_size(mesh):
+            raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} does not split into "
+                             f"grad_accum_steps={config.grad_accum_steps} micro-batches divisible by "
+                             f"data*fsdp={sharding.batch_axis_size(mesh)}")
+        if p.batch_size % jax.process_count():
+            raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by the "
+                             f"{jax.process_count()} processes")
         if need_data:
             meta_file = os.path.join(p.data_dir, "metadata.json")
             if not os.path.isfile(meta_file):
@@ -142,18 +150,19 @@ def create_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraini
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The config's optimizer; accumulation happens inside `train_step`, so one update per step."""
     return optim.create_optimizer(
         learning_rate=config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.total_steps,
         optimizer=config.optimizer, weight_decay=config.weight_decay, b1=config.adam_b1, b2=config.adam_b2,
-        eps=config.adam_eps, max_grad_norm=config.max_grad_norm, grad_accum_steps=config.grad_accum_steps)
+        eps=config.adam_eps, max_grad_norm=config.max_grad_norm)
 
 
 def _init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, boxed: bool) -> TrainState:
-    rng = jax.random.PRNGKey(seed)
+    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
     ids = jnp.zeros((1, 8), jnp.int32)
-    variables = model.init({"params": jax.random.fold_in(rng, 1)}, ids, masked_lm_positions=ids[:, :2])
+    variables = model.init({"params": params_rng}, ids, masked_lm_positions=ids[:, :2])
     params = variables["params"]
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng)
     return state if boxed else nn.unbox(state)
 
 
@@ -182,16 +191,41 @@ def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deter
 
 
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,
-               schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+               schedule: optax.Schedule, grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step (pure). batch: the standard fields, global [B, ...] arrays.
 
+    With grad_accum_steps = k > 1 the batch is split into k micro-batches of B / k rows, run one after
+    the other (`lax.scan`, so activations of one micro-batch at a time), and the update uses the mean
+    gradient: one optimizer (and schedule) step per call whatever k.
+
     Returns the new state and float32 scalar metrics: loss, mlm_loss, mlm_accuracy, nsp_loss,
-    nsp_accuracy, num_predictions, grad_norm, learning_rate.
+    nsp_accuracy, num_predictions, grad_norm, learning_rate (micro-batch metrics are averaged).
     """
     dropout_rng = jax.random.fold_in(state.rng, state.step)
+    grad_fn = jax.value_and_grad(_loss_and_metrics, has_aux=True)
     with sharding.axis_rules():
-        (loss, metrics), grads = jax.value_and_grad(_loss_and_metrics, has_aux=True)(
-            state.params, model, batch, dropout_rng, False)
+        if grad_accum_steps == 1:
+            (loss, metrics), grads = grad_fn(state.params, model, batch, dropout_rng, False)
+        else:
+            micro = jax.tree_util.tree_map(
+                lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]), batch)
+
+            def accumulate(carry, inputs):
+                i, micro_batch = inputs
+                (loss, metrics), grads = grad_fn(state.params, model, micro_batch,
+                                                 jax.random.fold_in(dropout_rng, i), False)
+                return jax.tree_util.tree_map(jnp.add, carry, (grads, dict(metrics, loss=loss))), None
+
+            zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+            shapes = jax.eval_shape(lambda: grad_fn(state.params, model, jax.tree_util.tree_map(lambda x: x[0], micro),
+                                                    dropout_rng, False))
+            zero_metrics = {k: jnp.zeros((), jnp.float32) for k in dict(shapes[0][1], loss=None)}
+            (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_metrics),
+                                            (jnp.arange(grad_accum_steps), micro))
+            grads = jax.tree_util.tree_map(lambda g: g / grad_accum_steps, grads)
+            metrics = {k: v / grad_accum_steps for k, v in sums.items()}
+            metrics["num_predictions"] = sums["num_predictions"]
+            loss = metrics.pop("loss")
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=optim.global_norm(grads), learning_rate=schedule(state.step))
@@ -205,11 +239,12 @@ def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.A
     return dict(metrics, loss=loss)
 
 
-def compile_steps(model, tx, schedule, mesh, shardings) -> tuple[Callable, Callable]:
+def compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps: int = 1) -> tuple[Callable, Callable]:
     """(train_step, eval_step) jitted with explicit shardings; the state's buffers are donated."""
     batch_shardings = {k: sharding.batch_sharding(mesh, 1 if k == "next_sentence_labels" else 2) for k in BATCH_FIELDS}
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                                     grad_accum_steps=grad_accum_steps),
                    in_shardings=(shardings, batch_shardings), out_shardings=(shardings, replicated),
                    donate_argnums=(0,))
     evaluate = jax.jit(functools.partial(eval_step, model=model),
@@ -296,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         data_state = None
     else:
         state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))
-    step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings)
+    step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
     writer = _summary_writer(workdir) if is_main else None
     final_step = min(config.total_steps, max_steps or config.total_steps)
     start_step = int(jax.device_get(state.step))
@@ -316,50 +351,58 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     progress = _progress(start_step, final_step, is_main)
     pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
     window_start, window_steps = time.perf_counter(), 0
-    with jax.set_mesh(mesh), _Preemption() as preemption:
-        step = start_step
-        while step < final_step:
-            if step == phase.end:  # phase switch: checkpoint, then the next phase's data
+    try:
+        with jax.set_mesh(mesh), _Preemption() as preemption:
+            step = start_step
+            while step < final_step:
+                if step == phase.end:  # phase switch: checkpoint, then the next phase's data
+                    _check_finite(pending)
+                    save(step, phase, iterator)
+                    phase = phases[phase.index + 1]
+                    iterator.close()
+                    iterator = _iterator(phase, config, None)
+                batch = global_batch(next(iterator), mesh)
+                state, metrics = step_fn(state, batch)
                 _check_finite(pending)
-                save(step, phase, iterator)
-                phase = phases[phase.index + 1]
-                iterator = _iterator(phase, config, None)
-            batch = global_batch(next(iterator), mesh)
-            state, metrics = step_fn(state, batch)
-            _check_finite(pending)
-            pending = (step, metrics)
-            step += 1
-            window_steps += 1
-            progress.update(1)
-            if step % config.log_every == 0 or step == final_step:
-                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                _check_finite((step - 1, values))
-                elapsed = time.perf_counter() - window_start
-                seqs = window_steps * phase.batch_size / elapsed
-                values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
-                if config.peak_tflops_per_device:
-                    model_flops = flops.train_flops_per_step(bert_config, phase.batch_size, phase.max_seq_length,
-                                                             phase.max_predictions_per_seq)
-                    values["mfu"] = model_flops * window_steps / elapsed / (
-                        config.peak_tflops_per_device * 1e12 * jax.device_count())
-                metrics_out = dict(values, step=step, phase=phase.index)
-                _write(writer, step, values, "train")
-                progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
-                                     nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
-                window_start, window_steps = time.perf_counter(), 0
-            if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
-                _write(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
-            if preemption.requested or step % config.checkpoint_every == 0 or step == final_step:
-                _check_finite(pending)
-                save(step, phase, iterator)
-                if preemption.requested:
-                    print(f"SIGTERM: checkpoint saved at step {step}, exiting", file=sys.stderr, flush=True)
-                    break
-    progress.close()
+                pending = (step, metrics)
+                step += 1
+                window_steps += 1
+                progress.update(1)
+                if step % config.log_every == 0 or step == final_step:
+                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    _check_finite((step - 1, values))
+                    elapsed = time.perf_counter() - window_start
+                    seqs = window_steps * phase.batch_size / elapsed
+                    values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
+                    if config.peak_tflops_per_device:
+                        model_flops = flops.train_flops_per_step(bert_config, phase.batch_size, phase.max_seq_length,
+                                                                 phase.max_predictions_per_seq)
+                        values["mfu"] = model_flops * window_steps / elapsed / (
+                            config.peak_tflops_per_device * 1e12 * jax.device_count())
+                    metrics_out = dict(values, step=step, phase=phase.index)
+                    _write(writer, step, values, "train")
+                    progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
+                                         nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
+                    window_start, window_steps = time.perf_counter(), 0
+                if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
+                    _write(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
+                # One process alone may have seen SIGTERM: on several hosts, Orbax's preemption sync (the
+                # JAX coordination service) makes all of them agree on the step.
+                preempted = preemption.requested if jax.process_count() == 1 else \
+                    checkpointer.manager.reached_preemption(step)
+                if preempted or step % config.checkpoint_every == 0 or step == final_step:
+                    _check_finite(pending)
+                    save(step, phase, iterator)
+                    if preempted:
+                        print(f"SIGTERM: checkpoint saved at step {step}, exiting", file=sys.stderr, flush=True)
+                        break
+    finally:
+        progress.close()
+        iterator.close()
+        checkpointer.close()
+        if writer is not None:
+            writer.close()
     metrics_out["step"] = step  # where the run stopped (the metrics are those of the last log)
-    checkpointer.close()
-    if writer is not None:
-        writer.close()
     return metrics_out
 
 
@@ -367,9 +410,10 @@ def _check_finite(pending: tuple[int, dict] | None) -> None:
     if pending is None:
         return
     step, metrics = pending
-    loss = float(metrics["loss"])
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"non-finite loss {loss} at step {step}; the last checkpoint is kept")
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise FloatingPointError(f"non-finite loss {loss} (gradient norm {grad_norm}) at step {step}; "
+                                 "the last checkpoint is kept")
 
 
 def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
@@ -385,6 +429,7 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
         for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items():
             totals[k] = totals.get(k, 0.0) + float(v)
         n += 1
+    it.close()
     return {k: v / max(n, 1) for k, v in totals.items()}
 
 

@@ -225,3 +225,20 @@ def test_bad_inputs_give_one_line_errors(hf_pretraining, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json") as e:
         convert.from_hf(str(tmp_path / "empty"))
     _one_line(e)
+
+
+def test_bert_for_masked_lm_directory_without_pooler(tmp_path, caplog):
+    """BertForMaskedLM checkpoints have no pooler: it is initialised and reported; MLM logits match."""
+    torch.manual_seed(2)
+    mlm = transformers.BertForMaskedLM(transformers.BertConfig(**SMALL)).eval()
+    mlm.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        config, params = convert.from_hf(str(tmp_path))
+    assert any("pooler.dense.weight" in r.getMessage() for r in caplog.records)
+    inputs, positions = _pretraining_inputs(seed=3)
+    out = modeling.BertForPreTraining(config).apply(
+        {"params": params}, **{k: jnp.asarray(v, jnp.int32) for k, v in inputs.items()},
+        masked_lm_positions=jnp.asarray(positions, jnp.int32))
+    with torch.no_grad():
+        ref = mlm(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.numpy()
+    np.testing.assert_allclose(out.mlm_logits, np.take_along_axis(ref, positions[..., None], axis=1), atol=1e-5)

@@ -303,3 +303,10 @@ def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
     assert meta["input_lines"] == len(docs)
     with pytest.raises(ValueError, match="--tfds_text_key 'body'"):
         list(corpus.read_tfds_documents("sample_corpus", "train", "body", str(tmp_path / "tfds"), stats))
+
+
+def test_empty_documents_are_dropped(tokenizer, tmp_path):
+    store, dropped = pt.build_token_store([["a b", "c"], [], ["d e f"], [""], []], tokenizer, str(tmp_path))
+    assert store.num_documents == 2 and dropped == 1
+    assert np.diff(store.document_starts).tolist() == [2, 1]
+    assert np.diff(store.sentence_starts).tolist() == [2, 1, 3]

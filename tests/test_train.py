@@ -336,3 +336,26 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     assert drop >= 0.30
     assert np.mean([v["nsp_accuracy"] for _, v in history[-5:]]) > 0.5
     assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written
+
+
+def test_gradient_accumulation_matches_one_big_batch(instances):
+    """k micro-batches with equal prediction counts give the update of the whole batch (no dropout)."""
+    config = _config(instances)
+    config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
+    batch["masked_lm_weights"] = np.ones_like(batch["masked_lm_weights"])  # equal counts per micro-batch
+    results = []
+    for k in (1, 4):
+        state, shardings = train.create_train_state(model, tx, mesh, 0)
+        step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=k)
+        with jax.set_mesh(mesh):
+            state, metrics = step_fn(state, train.global_batch(batch, mesh))
+        results.append((jax.device_get(state.params), {k_: float(v) for k_, v in metrics.items()}))
+    (p1, m1), (p4, m4) = results
+    assert m4["loss"] == pytest.approx(m1["loss"], rel=1e-5)
+    assert m4["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
+    assert m4["num_predictions"] == m1["num_predictions"]
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p4, p1)

@@ -140,6 +140,8 @@ def build_token_store(documents: Iterable[list[str]], tokenizer, directory: str,
         pending_docs.clear()
 
     for document in documents:
+        if not document:
+            continue
         pending.extend(document)
         pending_docs.append(len(document))
         if len(pending) >= batch_sentences:

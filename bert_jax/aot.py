@@ -1,0 +1,132 @@
+"""Ahead-of-time compilation of the real train step for a TPU topology, on any machine.
+
+  pip install 'libtpu==0.0.42.*'   # the version jax 0.10.2 pairs with; no TPU needed
+  python -m bert_jax.aot --config configs/pretrain.py:base --topology v3-32
+
+Lowers and compiles `train.train_step` with the run's real shardings for every phase through
+`jax.experimental.topologies` and prints, per phase: per-device memory (arguments, temporaries,
+outputs, total against the chip's HBM), FLOPs per step from the compiled program, the analytic model
+FLOPs (`bert_jax.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
+device. Exit status 1 when a phase does not fit in HBM.
+
+Chip figures (per JAX device: a v3 chip has 2 TensorCores = 2 devices): v3 core 61.5 bf16 TFLOP/s,
+16 GiB, 450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s; v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from bert_jax import flops, sharding, train
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    topology: str  # jax.experimental.topologies name
+    peak_flops: float  # bf16 FLOP/s per JAX device
+    hbm_bytes: float  # per JAX device
+    hbm_bandwidth: float  # bytes/s per JAX device
+
+
+GIB = 1024**3
+TOPOLOGIES = {
+    "v3-32": Chip("v3:4x4x1", 61.5e12, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
+    "v3-128": Chip("v3:8x8x1", 61.5e12, 16 * GIB, 450e9),    # 64 chips: BERT-Large (paper)
+    "v3-8": Chip("v3:2x2x1", 61.5e12, 16 * GIB, 450e9),
+    "v4-16": Chip("v4:2x2x4", 275e12, 32 * GIB, 1200e9),
+    "v4-64": Chip("v4:4x4x4", 275e12, 32 * GIB, 1200e9),
+    "v5e-16": Chip("v5e:4x4", 197e12, 16 * GIB, 819e9),
+    "v5e-64": Chip("v5e:8x8", 197e12, 16 * GIB, 819e9),
+}
+
+
+def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, int, int]):
+    """Compiles train_step for one phase on `devices` -> (compiled, mesh)."""
+    mesh = sharding.make_mesh(*mesh_shape, devices=devices)
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
+    sharding.check_divisible(abstract, shardings)
+    abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                      abstract, shardings)
+    b, length, p = phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
+    shapes = {"input_ids": (b, length), "token_type_ids": (b, length), "attention_mask": (b, length),
+              "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),
+              "next_sentence_labels": (b,)}
+    batch = {k: jax.ShapeDtypeStruct(s, jnp.float32 if k == "masked_lm_weights" else jnp.int32,
+                                     sharding=sharding.batch_sharding(mesh, len(s))) for k, s in shapes.items()}
+    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule),
+                   out_shardings=(shardings, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
+                   donate_argnums=(0,))
+    with jax.set_mesh(mesh):
+        return step.lower(abstract, batch).compile(), mesh
+
+
+def report(config, topology_name: str) -> bool:
+    """Prints the per-phase table; True when every phase fits in HBM."""
+    from jax.experimental import topologies
+
+    chip = TOPOLOGIES[topology_name]
+    devices = topologies.get_topology_desc(topology_name=chip.topology, platform="tpu").devices
+    mesh_shape = sharding.mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, len(devices))
+    if config.mesh.preset:
+        mesh_shape = sharding.mesh_shape(*sharding.MESH_PRESETS[config.mesh.preset], len(devices))
+    phases = train.resolve_phases(config)
+    bert = train.create_model(config).config
+    print(f"{topology_name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
+          f"model dtype {bert.dtype}")
+    fits, total_seconds = True, 0.0
+    for phase in phases:
+        compiled, _ = compile_phase(config, devices, phase, mesh_shape)
+        mem = compiled.memory_analysis()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        used = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+        compiled_flops = float(cost.get("flops", 0.0))  # per device
+        analytic = flops.train_flops_per_step(bert, phase.batch_size, phase.max_seq_length,
+                                              phase.max_predictions_per_seq) / len(devices)
+        bytes_accessed = float(cost.get("bytes accessed", 0.0))
+        step_s = max(compiled_flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
+        steps = phase.end - phase.start
+        total_seconds += step_s * steps
+        fits &= used <= chip.hbm_bytes
+        print(f"  phase {phase.index} (length {phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
+              f"batch {phase.batch_size}, {steps} steps): memory/device args {mem.argument_size_in_bytes / GIB:.2f} "
+              f"+ temp {mem.temp_size_in_bytes / GIB:.2f} + out {mem.output_size_in_bytes / GIB:.2f} "
+              f"- aliased {mem.alias_size_in_bytes / GIB:.2f} = {used / GIB:.2f} GiB of {chip.hbm_bytes / GIB:.0f} "
+              f"({'fits' if used <= chip.hbm_bytes else 'DOES NOT FIT'}); FLOPs/device compiled "
+              f"{compiled_flops / 1e12:.3f} T, analytic {analytic / 1e12:.3f} T "
+              f"(ratio {compiled_flops / analytic:.3f}); roofline {step_s * 1e3:.1f} ms/step")
+    print(f"  roofline for the whole schedule ({config.total_steps} steps): {total_seconds / 86400:.2f} days")
+    return fits
+
+
+def main(argv):
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    if f.topology not in TOPOLOGIES:
+        raise SystemExit(f"--topology {f.topology!r} is not one of {sorted(TOPOLOGIES)}")
+    try:
+        ok = report(f.config, f.topology)
+    except ImportError as e:
+        raise SystemExit(f"aot: {e} (install libtpu: pip install 'libtpu==0.0.42.*')") from None
+    except ValueError as e:
+        raise SystemExit(f"aot: {e}") from None
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Pre-training config, e.g. configs/pretrain.py:base.")
+    flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}.")
+    flags.mark_flags_as_required(["config"])
+    app.run(main)
