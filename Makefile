@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,tpu]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 
-import jax
-import jax.numpy as jnp
+# Compile-only use of libtpu: no chip is claimed, so several processes may load it at once.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-from bert_jax import flops, sharding, train
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bert_jax import flops, sharding, train  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

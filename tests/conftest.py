@@ -10,6 +10,8 @@ import pathlib
 # Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# libtpu (the [tpu] extra, for AOT compilation) is present in CI: keep JAX itself on the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
