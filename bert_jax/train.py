@@ -459,8 +459,13 @@ def main(argv):
     from absl import flags, logging
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-    config = flags.FLAGS.config
-    workdir = flags.FLAGS.workdir
+    f = flags.FLAGS
+    if f.jax_distributed or f.coordinator_address:
+        # On a TPU VM pod every argument is found automatically; elsewhere they come from the flags.
+        jax.distributed.initialize(coordinator_address=f.coordinator_address, num_processes=f.num_processes,
+                                   process_id=f.process_id)
+    config = f.config
+    workdir = f.workdir
     try:
         metrics = train_and_evaluate(config, workdir, max_steps=flags.FLAGS.max_steps)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
@@ -477,6 +482,10 @@ def _define_flags():
     config_flags.DEFINE_config_file("config", None, "Pre-training config file, e.g. configs/pretrain.py:tiny.")
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints and TensorBoard summaries.")
     flags.DEFINE_integer("max_steps", None, "Stop after this step (default: config.total_steps).")
+    flags.DEFINE_bool("jax_distributed", False, "Call jax.distributed.initialize() (multi-host; auto on TPU pods).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for clusters other than TPU pods.")
+    flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+    flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
