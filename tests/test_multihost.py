@@ -1,0 +1,115 @@
+"""Multi-host on one machine: 2 processes x 4 CPU devices (gloo collectives) on one global mesh of 8.
+
+The same training as one process with 8 devices, and checkpoints that move between the two set-ups.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from bert_jax.data import corpus, pretraining, tokenization
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def instances(data_dir, tmp_path_factory):
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    out = tmp_path_factory.mktemp("mh_instances")
+    for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
+        pretraining.create_pretraining_data(
+            corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
+            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
+                                                                       max_predictions_per_seq=predictions),
+            dupe_factor=5, num_shards=2)
+    return out
+
+
+def _args(instances, workdir, max_steps):
+    return ["-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
+            f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
+            "--config.total_steps=10", "--config.warmup_steps=2", "--config.checkpoint_every=5",
+            f"--max_steps={max_steps}"]
+
+
+def _single(instances, workdir, max_steps):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, *_args(instances, workdir, max_steps)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _two_processes(instances, workdir, max_steps):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+    procs = [subprocess.Popen([sys.executable, *_args(instances, workdir, max_steps),
+                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return outs[0][0].strip().splitlines()[-1]  # process 0 prints the metrics
+
+
+def _state(workdir, step, like=None):
+    """The TrainState tree of a checkpoint, on one local device. `like`: a state tree whose shapes
+    give the target (needed when the writer's devices, e.g. two processes', are not this process's)."""
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(str(workdir / "checkpoints"), item_names=("state", "data", "config"),
+                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+        target = None
+        if like is not None:
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
+        restored = m.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    return restored["state"]
+
+
+def _params(state):
+    return traverse_util.flatten_dict(jax.device_get(state["params"]), sep="/")
+
+
+def _copy_checkpoint(src, dst, step):
+    """A workdir holding only checkpoint `step` of `src` (as if that run had stopped there)."""
+    keep = str(step)
+    shutil.copytree(src / "checkpoints", dst / "checkpoints",
+                    ignore=lambda d, names: [n for n in names if d == str(src / "checkpoints") and n.isdigit()
+                                             and n != keep])
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, tmp_path):
+    one = _single(instances, tmp_path / "one", 10)
+    two = _two_processes(instances, tmp_path / "two", 10)
+    import json
+
+    m1, m2 = json.loads(one), json.loads(two)
+    assert m1["step"] == m2["step"] == 10
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5)
+    reference = _state(tmp_path / "one", 10)
+    _assert_same(_params(_state(tmp_path / "two", 10, like=reference)), _params(reference))
+    # 1 process -> 2 processes: resume the single-process run's step-5 checkpoint on two hosts.
+    _copy_checkpoint(tmp_path / "one", tmp_path / "handoff", 5)
+    _two_processes(instances, tmp_path / "handoff", 10)
+    _assert_same(_params(_state(tmp_path / "handoff", 10, like=reference)), _params(reference))
+    # 2 processes -> 1 process: resume the two-host step-5 checkpoint in one process.
+    _copy_checkpoint(tmp_path / "two", tmp_path / "back", 5)
+    _single(instances, tmp_path / "back", 10)
+    _assert_same(_params(_state(tmp_path / "back", 10, like=reference)), _params(reference))
