@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, flops, losses, modeling, optim, sharding
+from bert_jax import checkpointing, flops, losses, modeling, optim, sharding, summaries
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -334,7 +334,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     else:
         state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))
     step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
-    writer = _summary_writer(workdir) if is_main else None
+    writer = summaries.open_writer(workdir, is_main)
     final_step = min(config.total_steps, max_steps or config.total_steps)
     start_step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
@@ -350,7 +350,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     phase = _phase_at(phases, start_step)
     iterator = _iterator(phase, config, data_state["iterator"] if data_state and data_state["phase"] == phase.index
                          else None)
-    progress = _progress(start_step, final_step, is_main)
+    progress = summaries.progress_bar(start_step, final_step, is_main, "pre-training")
     pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
     window_start, window_steps = time.perf_counter(), 0
     try:
@@ -382,12 +382,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                         values["mfu"] = model_flops * window_steps / elapsed / (
                             config.peak_tflops_per_device * 1e12 * jax.device_count())
                     metrics_out = dict(values, step=step, phase=phase.index)
-                    _write(writer, step, values, "train")
+                    summaries.write_scalars(writer, step, values, "train")
                     progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
                                          nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
                     window_start, window_steps = time.perf_counter(), 0
                 if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
-                    _write(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
+                    summaries.write_scalars(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
                 # One process alone may have seen SIGTERM: on several hosts, Orbax's preemption sync (the
                 # JAX coordination service) makes all of them agree on the step.
                 preempted = preemption.requested if jax.process_count() == 1 else \
@@ -433,27 +433,6 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
         n += 1
     it.close()
     return {k: v / max(n, 1) for k, v in totals.items()}
-
-
-def _summary_writer(workdir: str):
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter(os.path.join(workdir, "tensorboard"))
-
-
-def _write(writer, step: int, values: dict[str, float], prefix: str) -> None:
-    if writer is None:
-        return
-    for k, v in values.items():
-        writer.add_scalar(f"{prefix}/{k}", v, step)
-    writer.flush()
-
-
-def _progress(start: int, total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, desc="pre-training", dynamic_ncols=True,
-                file=sys.stderr)
 
 
 def main(argv):

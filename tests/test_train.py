@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import optim, sharding, train
+from bert_jax import optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
 from configs import pretrain
 from conftest import ROOT
@@ -303,13 +303,13 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "p1"), 100, 2
     history = []
-    original_write = train._write
-    train._write = lambda writer, step, values, prefix: (history.append((step, values)),
+    original_write = summaries.write_scalars
+    summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, values)),
                                                           original_write(writer, step, values, prefix))
     try:
         final = train.train_and_evaluate(config, str(tmp_path / "run"))
     finally:
-        train._write = original_write
+        summaries.write_scalars = original_write
     evals = [v for step, v in history if "sequences_per_second" not in v]
     assert len(evals) == 2 and all(np.isfinite(v["mlm_loss"]) for v in evals)  # eval_step at steps 100, 200
     history = [(step, v) for step, v in history if "sequences_per_second" in v]

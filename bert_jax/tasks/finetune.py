@@ -1,0 +1,290 @@
+"""Fine-tuning machinery shared by SQuAD and GLUE: initial weights, sharded state, steps, the loop.
+
+Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained encoder, fresh task head):
+  ""                            random initialisation of everything (the original's initializer);
+  a Hugging Face directory      (has config.json) `convert.from_hf`: the encoder, architecture from
+                                config.json;
+  a bert_jax pre-training run   its workdir or `<workdir>/checkpoints`: the encoder params of the
+                                latest Orbax checkpoint, read straight into this job's shardings,
+                                architecture (and layer layout) from the config saved with it.
+In every case the task head is initialised fresh and the compute options (dtype, param_dtype,
+remat_policy) come from this job's `config.model`.
+
+The state is the pre-training `TrainState`, built sharded (`jax.eval_shape` -> logical partition
+specs -> `jax.jit(..., out_shardings=...)`); steps are jitted with explicit shardings and donation,
+as `bert_jax.train`. Batches are assembled from each process's rows of one global permutation with
+`jax.make_array_from_process_local_data`, so several hosts read disjoint rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import checkpointing, convert, modeling, optim, sharding, summaries
+from bert_jax.train import TrainState
+
+COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy")
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+
+
+@dataclasses.dataclass
+class Initialisation:
+    """Where the encoder comes from: kind is "random", "hf" or "orbax"; `bert_params` holds the
+    Hugging Face encoder arrays (numpy) for kind "hf"."""
+
+    kind: str
+    path: str
+    config: modeling.BertConfig
+    bert_params: Any = None
+
+
+def _checkpoint_dir(path: str) -> str | None:
+    """The Orbax checkpoints directory of a pre-training workdir (or the directory itself), or None."""
+    for candidate in (os.path.join(path, "checkpoints"), path):
+        if os.path.isdir(candidate) and any(name.isdigit() for name in os.listdir(candidate)):
+            return candidate
+    return None
+
+
+def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
+    """Reads the architecture (and, for Hugging Face, the encoder weights) named by config.init_checkpoint.
+
+    Raises:
+      FileNotFoundError: init_checkpoint is neither a Hugging Face directory nor a directory with
+        bert_jax checkpoints.
+      ValueError: a bad model config (from `BertConfig`) or a bad Hugging Face directory (`from_hf`).
+    """
+    path = config.init_checkpoint
+    compute = {k: config.model[k] for k in COMPUTE_FIELDS}
+    if not path:
+        return Initialisation("random", "", modeling.BertConfig.from_dict(config.model))
+    if os.path.isfile(os.path.join(path, convert.CONFIG_NAME)):
+        bert_config, params = convert.from_hf(path, scan_layers=config.model.scan_layers, **compute)
+        return Initialisation("hf", path, bert_config, params["bert"])
+    ckpt_dir = _checkpoint_dir(path)
+    if ckpt_dir is None:
+        raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
+                                "nor a bert_jax run with checkpoints")
+    checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False)
+    step = checkpointer.latest_step()
+    saved = checkpointer.restore_config(step)
+    checkpointer.close()
+    return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute))
+
+
+def _select(tree: Mapping, like: Mapping) -> dict:
+    """The subtree of `tree` with the keys of `like` (e.g. the encoder without the pooler)."""
+    return {k: _select(tree[k], v) if isinstance(v, Mapping) else tree[k] for k, v in like.items()}
+
+
+def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, init: Initialisation,
+                 seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
+    """The sharded TrainState of `model` (a BertFor... task model with an encoder named "bert"), its
+    encoder taken from `init`, and the tree of NamedShardings.
+
+    Raises:
+      FileNotFoundError / ValueError: from Orbax when the checkpoint does not hold a matching encoder.
+    """
+    ids = jnp.zeros((1, seq_length), jnp.int32)
+    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+
+    def init_params():
+        return model.init({"params": params_rng}, ids, ids, ids)["params"]
+
+    boxed = jax.eval_shape(init_params)
+    param_shardings = sharding.logical_sharding(nn.get_partition_spec(boxed), mesh)
+    abstract = nn.unbox(boxed)
+    sharding.check_divisible(abstract, param_shardings)
+    with jax.set_mesh(mesh):
+        params = jax.jit(lambda: nn.unbox(init_params()), out_shardings=param_shardings)()
+        if init.kind == "hf":
+            encoder = _select(init.bert_params, abstract["bert"])
+            params["bert"] = jax.device_put(jax.tree_util.tree_map(jnp.asarray, encoder), param_shardings["bert"])
+        elif init.kind == "orbax":
+            target = checkpointing.abstract_like(abstract["bert"], param_shardings["bert"])
+            params["bert"] = checkpointing.restore_params(init.path, {"bert": target})["bert"]
+        boxed_state = jax.eval_shape(lambda: TrainState(jnp.zeros((), jnp.int32), init_params(),
+                                                        tx.init(init_params()), dropout_rng))
+        state_shardings = sharding.logical_sharding(nn.get_partition_spec(boxed_state), mesh)
+        opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                       opt_state=opt_state, rng=jax.device_put(dropout_rng, replicated))
+    return state, state_shardings
+
+
+LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
+
+
+def train_step(state: TrainState, batch: Mapping[str, jax.Array], *, model: nn.Module,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               loss_fn: LossFn) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step (pure): dropout on, loss = sum / count of `loss_fn(outputs, batch)`.
+
+    Returns the new state and float32 scalars loss, grad_norm, learning_rate.
+    """
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+    def compute(params):
+        out = model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=False,
+                          rngs={"dropout": dropout_rng})
+        total, count = loss_fn(out, batch)
+        return total / jnp.maximum(count, 1.0)
+
+    with sharding.axis_rules():
+        loss, grads = jax.value_and_grad(compute)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optim.global_norm(grads), "learning_rate": schedule(state.step)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Module) -> Any:
+    """Deterministic forward pass -> the model's output dataclass (float32 logits)."""
+    with sharding.axis_rules():
+        return model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=True)
+
+
+def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: LossFn,
+                  label_names: tuple[str, ...]) -> tuple[Callable, Callable]:
+    """(train_step, predict_step) jitted with explicit shardings; the state is donated."""
+    def batch_shardings(names, ranks):
+        return {k: sharding.batch_sharding(mesh, ranks.get(k, 2)) for k in names}
+
+    ranks = {k: 1 for k in label_names}
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule, loss_fn=loss_fn),
+                   in_shardings=(shardings, batch_shardings(INPUT_NAMES + label_names, ranks)),
+                   out_shardings=(shardings, replicated), donate_argnums=(0,))
+    predict = jax.jit(functools.partial(predict_step, model=model),
+                      in_shardings=(shardings.params, batch_shardings(INPUT_NAMES, ranks)), out_shardings=replicated)
+    return step, predict
+
+
+def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int):
+    """AdamW as the original's fine-tuning (`optimization.create_optimizer`): linear warmup over
+    warmup_proportion of the steps, linear decay to 0, weight decay 0.01, clipping at 1.0."""
+    return optim.create_optimizer(
+        learning_rate=config.learning_rate, warmup_steps=int(config.warmup_proportion * num_train_steps),
+        total_steps=max(num_train_steps, 1), weight_decay=config.weight_decay, eps=1e-6, max_grad_norm=1.0)
+
+
+def _global(local: Mapping[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+    out = {}
+    for k, x in local.items():
+        shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x, shape)
+    return out
+
+
+def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, seed: int | None,
+                  drop_remainder: bool) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+    """This process's rows of each global batch -> (arrays, number of real rows in the global batch).
+
+    With seed None the order is the arrays' order; otherwise one permutation per seed (the same on every
+    process). Without drop_remainder the last batch is padded with copies of its first row.
+
+    Raises:
+      ValueError: global_batch_size not divisible by the process count.
+    """
+    if global_batch_size % jax.process_count():
+        raise ValueError(f"batch size {global_batch_size} is not divisible by {jax.process_count()} processes")
+    n = len(next(iter(arrays.values())))
+    order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+    local = global_batch_size // jax.process_count()
+    lo = jax.process_index() * local
+    for start in range(0, n, global_batch_size):
+        rows = order[start:start + global_batch_size]
+        real = len(rows)
+        if real < global_batch_size:
+            if drop_remainder:
+                return
+            rows = np.concatenate([rows, np.full(global_batch_size - real, rows[0])])
+        yield {k: v[rows[lo:lo + local]] for k, v in arrays.items()}, real
+
+
+def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], *, batch_size: int,
+        num_train_steps: int, seed: int, mesh, writer=None, log_every: int = 50,
+        desc: str = "fine-tuning") -> tuple[TrainState, list[dict[str, float]]]:
+    """Runs `num_train_steps` steps over epochs of `arrays` (reshuffled per epoch, remainder dropped).
+
+    Returns the final state and the logged metrics (step, loss, grad_norm, learning_rate,
+    examples_per_second) every `log_every` steps and at the end.
+
+    Raises:
+      FloatingPointError: a non-finite loss, naming the step.
+    """
+    history = []
+    is_main = jax.process_index() == 0
+    progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
+    step, epoch = 0, 0
+    window_start, window_steps = time.perf_counter(), 0
+    with jax.set_mesh(mesh):
+        while step < num_train_steps:
+            for local, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True):
+                state, metrics = step_fn(state, _global(local, mesh))
+                step += 1
+                window_steps += 1
+                progress.update(1)
+                if step % log_every == 0 or step == num_train_steps:
+                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    if not np.isfinite(values["loss"]):
+                        raise FloatingPointError(f"non-finite loss {values['loss']} at fine-tuning step {step}")
+                    values["examples_per_second"] = window_steps * batch_size / (time.perf_counter() - window_start)
+                    summaries.write_scalars(writer, step, values, "train")
+                    history.append(dict(values, step=step))
+                    progress.set_postfix(loss=f"{values['loss']:.3f}")
+                    window_start, window_steps = time.perf_counter(), 0
+                if step == num_train_steps:
+                    break
+            epoch += 1
+    progress.close()
+    return state, history
+
+
+def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray], *, batch_size: int, mesh,
+            desc: str = "predicting") -> Any:
+    """Runs `predict_fn` over all rows of `arrays` in order -> the outputs' leaves as numpy [N, ...]."""
+    inputs = {k: arrays[k] for k in INPUT_NAMES}
+    n = len(inputs["input_ids"])
+    chunks = []
+    is_main = jax.process_index() == 0
+    progress = summaries.progress_bar(0, -(-n // batch_size), is_main, desc)
+    with jax.set_mesh(mesh):
+        for local, real in local_batches(inputs, batch_size, seed=None, drop_remainder=False):
+            out = jax.device_get(predict_fn(params, _global(local, mesh)))
+            chunks.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:real], out))
+            progress.update(1)
+    progress.close()
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *chunks)
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+    """The fine-tuning mesh: data/fsdp/tensor sizes of config.mesh over the first num_devices devices."""
+    devices = jax.devices()[: config.mesh.num_devices] if config.mesh.get("num_devices") else None
+    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+
+
+def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
+               metrics: Mapping[str, float]) -> str:
+    """Writes the fine-tuned state as an Orbax checkpoint `<workdir>/checkpoints/<step>` (config item:
+    the job's config with the resolved model), returning its path."""
+    step = int(jax.device_get(state.step))
+    config_json = json.loads(config.to_json())
+    config_json["model"] = bert_config.to_dict()
+    checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
+    checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
+    checkpointer.close()
+    return os.path.join(workdir, "checkpoints", str(step))
