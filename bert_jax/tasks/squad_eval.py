@@ -77,9 +77,8 @@ def evaluate_v1(examples: Sequence[SquadExample], predictions: Mapping[str, str]
     return {"exact_match": 100.0 * sum(exact.values()) / n, "f1": 100.0 * sum(f1.values()) / n}
 
 
-def _best_threshold(examples, predictions, scores, na_probs) -> tuple[float, float]:
+def _best_threshold(examples, predictions, scores, na_probs, num_no_ans: int) -> tuple[float, float]:
     """The official find_best_thresh: sweep the questions by no-answer probability -> (best %, threshold)."""
-    num_no_ans = sum(1 for ex in examples if not ex.answers)
     current = best = float(num_no_ans)
     threshold = 0.0
     for ex in sorted(examples, key=lambda e: na_probs[e.qas_id]):
@@ -115,6 +114,7 @@ def evaluate_v2(examples: Sequence[SquadExample], predictions: Mapping[str, str]
     """
     tune = na_probs is not None
     na_probs = na_probs if tune else {ex.qas_id: 0.0 for ex in examples}
+    num_no_ans = sum(1 for ex in examples if not ex.answers)  # over the whole dataset, as the official sweep
     examples = [ex for ex in examples if ex.qas_id in predictions]  # the official script skips the others
     exact, f1 = raw_scores(examples, predictions, version_2=True)
 
@@ -141,6 +141,6 @@ def evaluate_v2(examples: Sequence[SquadExample], predictions: Mapping[str, str]
     if no_ans:
         out.update(summary(no_ans, "NoAns_"))
     if tune:
-        out["best_exact"], out["best_exact_thresh"] = _best_threshold(examples, predictions, exact, na_probs)
-        out["best_f1"], out["best_f1_thresh"] = _best_threshold(examples, predictions, f1, na_probs)
+        out["best_exact"], out["best_exact_thresh"] = _best_threshold(examples, predictions, exact, na_probs, num_no_ans)
+        out["best_f1"], out["best_f1_thresh"] = _best_threshold(examples, predictions, f1, na_probs, num_no_ans)
     return out
