@@ -11,8 +11,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test,tpu]'
 	touch $(STAMP)
 
+# SQuAD files for the demo's last stage: $(SQUAD_DIR), by default the shared data folder when present.
+SQUAD_DIR ?= $(wildcard ../shared/data/squad)
+
 demo: $(STAMP)
-	$(VENV)/bin/python -m bert_jax.demo
+	SQUAD_DIR="$(SQUAD_DIR)" $(VENV)/bin/python -m bert_jax.demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests

@@ -1,30 +1,100 @@
-"""Run summaries: TensorBoard scalar event files (tensorboardX) and the console progress bar (tqdm).
+"""Run summaries: TensorBoard scalar event files (tensorboardX), the same scalars as JSON lines
+(`metrics.jsonl`, for scripts and plots), training-curve PNGs (matplotlib) and the console progress
+bar (tqdm).
 
 Only process 0 writes: callers pass `enabled=jax.process_index() == 0`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Sequence
 
 
-def open_writer(workdir: str, enabled: bool = True):
-    """A tensorboardX SummaryWriter on `<workdir>/tensorboard`, or None when not enabled."""
-    if not enabled:
-        return None
-    from tensorboardX import SummaryWriter
+class Writer:
+    """Scalars to `<workdir>/tensorboard/` (event files) and `<workdir>/metrics.jsonl` (one JSON object
+    per call: {"step", "prefix", name: value, ...}; appended, so a resumed run continues the file)."""
 
-    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+    def __init__(self, workdir: str):
+        from tensorboardX import SummaryWriter
+
+        os.makedirs(workdir, exist_ok=True)
+        self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+
+    def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
+        for k, v in values.items():
+            self.tensorboard.add_scalar(f"{prefix}/{k}", v, step)
+        self.tensorboard.flush()
+        self.jsonl.write(json.dumps({"step": int(step), "prefix": prefix, **{k: float(v) for k, v in values.items()}})
+                         + "\n")
+        self.jsonl.flush()
+
+    def close(self) -> None:
+        self.tensorboard.close()
+        self.jsonl.close()
 
 
-def write_scalars(writer, step: int, values: dict[str, float], prefix: str) -> None:
-    """Writes `values` as `<prefix>/<name>` scalars at `step` and flushes (no-op for writer None)."""
-    if writer is None:
-        return
-    for k, v in values.items():
-        writer.add_scalar(f"{prefix}/{k}", v, step)
-    writer.flush()
+def open_writer(workdir: str, enabled: bool = True) -> Writer | None:
+    """A `Writer` on `workdir`, or None when not enabled (processes other than 0)."""
+    return Writer(workdir) if enabled else None
+
+
+def write_scalars(writer: Writer | None, step: int, values: dict[str, float], prefix: str) -> None:
+    """Writes `values` as `<prefix>/<name>` scalars at `step` (no-op for writer None)."""
+    if writer is not None:
+        writer.scalars(step, values, prefix)
+
+
+def read_metrics(workdir: str, prefix: str = "train") -> list[dict[str, float]]:
+    """The `prefix` records of `<workdir>/metrics.jsonl` by step; after a resume the last record of a
+    step wins.
+
+    Raises:
+      FileNotFoundError: no metrics.jsonl in workdir.
+    """
+    by_step: dict[int, dict] = {}
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if record.pop("prefix") == prefix:
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot_curves(records: Sequence[dict[str, float]], names: Sequence[str], path: str, title: str = "",
+                vertical_lines: Sequence[int] = ()) -> str:
+    """One panel per metric name (x = step) as a PNG at `path`, written through a temporary file.
+
+    Args:
+      records: dicts with "step" and the named metrics (from `read_metrics`).
+      vertical_lines: steps to mark (e.g. the phase switch).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in names if any(n in r for r in records)]
+    fig, axes = plt.subplots(1, max(len(names), 1), figsize=(4 * max(len(names), 1), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        points = [(r["step"], r[name]) for r in records if name in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1)
+        for x in vertical_lines:
+            ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
 
 
 def progress_bar(start: int, total: int, enabled: bool, desc: str):

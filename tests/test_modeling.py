@@ -241,3 +241,33 @@ def test_task_heads_shapes():
     cls = modeling.BertForSequenceClassification(TINY, num_labels=3)
     v = cls.init(jax.random.key(0), x["input_ids"])
     assert cls.apply(nn.unbox(v), x["input_ids"]).logits.shape == (B, 3)
+
+
+def test_hashed_dropout_mask_statistics():
+    """The hashed keep mask behaves as independent Bernoulli(p) draws: rate, pairwise independence of
+    neighbours and of different keys, and an unbiased output."""
+    from bert_jax.modeling import Dropout, dropout_keep_mask
+
+    shape = (8, 4, 128, 128)  # 524288 elements
+    keep, p = dropout_keep_mask(jax.random.key(0), shape, 0.1)
+    keep = np.asarray(keep, np.float64)
+    n = keep.size
+    assert p == 1 - 6554 / 65536
+    assert abs(keep.mean() - p) < 4 * np.sqrt(p * (1 - p) / n)
+    # Neighbours along every axis, and masks from two keys, are uncorrelated (|r| < 4 / sqrt(n)).
+    centred = keep - keep.mean()
+    other = np.asarray(dropout_keep_mask(jax.random.key(1), shape, 0.1)[0], np.float64)
+    pairs = [(centred[..., 1:], centred[..., :-1]), (centred[:, :, 1:], centred[:, :, :-1]),
+             (centred[:, 1:], centred[:, :-1]), (centred[1:], centred[:-1]), (centred, other - other.mean())]
+    for a, b in pairs:
+        r = (a * b).mean() / np.sqrt((a * a).mean() * (b * b).mean())
+        assert abs(r) < 4 / np.sqrt(a.size), r
+    # Keep rates for a few other rates and shapes (1-D, 2-D).
+    for rate, shp in ((0.5, (4096,)), (0.25, (64, 512))):
+        k, p = dropout_keep_mask(jax.random.key(3), shp, rate)
+        assert abs(float(np.mean(k)) - p) < 4 * np.sqrt(p * (1 - p) / np.prod(shp))
+    # Inverted scaling: the mean of the output equals the mean of the input.
+    x = jnp.ones((256, 1024))
+    y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
+    assert abs(float(y.mean()) - 1.0) < 4 * np.sqrt(0.1 / 0.9 / x.size)
+    np.testing.assert_allclose(np.unique(np.asarray(y)), [0.0, 65536 / (65536 - 6554)], rtol=1e-6)

@@ -157,8 +157,9 @@ def test_v1_metric_equals_torchmetrics(dev_v1):
                     "id": e.qas_id} for e in dev_v1])
     theirs = {k: float(v) for k, v in metric.compute().items()}
     assert 20 < ours["f1"] < 80  # the predictions are a real mix of hits and misses
-    assert ours["exact_match"] == pytest.approx(theirs["exact_match"], abs=1e-4)
-    assert ours["f1"] == pytest.approx(theirs["f1"], abs=1e-4)
+    # torchmetrics sums 10570 per-question scores in float32: agreement to its precision.
+    assert ours["exact_match"] == pytest.approx(theirs["exact_match"], rel=2e-5)
+    assert ours["f1"] == pytest.approx(theirs["f1"], rel=2e-5)
 
 
 def test_metric_hand_computed():
@@ -202,7 +203,10 @@ def test_v2_gold_round_trip_and_tuned_threshold(dev_v2, tokenizer):
     sweep = squad_eval.evaluate_v2(dev_v2, spans, null_odds)
     tuned = squad_eval.evaluate_v2(dev_v2, squad_task.apply_null_threshold(preds, nbest, null_odds,
                                                                            sweep["best_f1_thresh"]))
-    assert tuned["f1"] == pytest.approx(sweep["best_f1"])  # applying the tuned threshold gives the sweep's best
+    # Applying the tuned threshold scores at least the sweep's best: the official sweep counts an
+    # answered no-answer question as wrong whenever its text is non-empty, even when it normalises
+    # to "" (e.g. "the") and then scores 1.
+    assert sweep["best_f1"] <= tuned["f1"] <= sweep["best_f1"] + 0.5
     assert tuned["f1"] >= at_zero["f1"]
     assert 30 < at_zero["f1"] < 99
     # Without noise the gold logits answer (almost) everything right, null questions included.

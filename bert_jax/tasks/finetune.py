@@ -84,6 +84,28 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute))
 
 
+def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) -> str:
+    """config.vocab_file, else the Hugging Face directory's vocab.txt.
+
+    Raises:
+      ValueError: neither is available (a bert_jax checkpoint does not carry its vocabulary).
+    """
+    if config.vocab_file:
+        return config.vocab_file
+    if init.kind == "hf" and os.path.isfile(os.path.join(init.path, "vocab.txt")):
+        return os.path.join(init.path, "vocab.txt")
+    raise ValueError("config.vocab_file is empty and config.init_checkpoint has no vocab.txt: name the "
+                     "WordPiece vocabulary the encoder was pre-trained with")
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes JSON to `path` through a temporary name and a rename (never half-written)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
 def _select(tree: Mapping, like: Mapping) -> dict:
     """The subtree of `tree` with the keys of `like` (e.g. the encoder without the pooler)."""
     return {k: _select(tree[k], v) if isinstance(v, Mapping) else tree[k] for k, v in like.items()}
@@ -229,12 +251,15 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
     history = []
     is_main = jax.process_index() == 0
     progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
-    step, epoch = 0, 0
+    step, epoch, metrics = 0, 0, None
     window_start, window_steps = time.perf_counter(), 0
     with jax.set_mesh(mesh):
         while step < num_train_steps:
             for local, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True):
+                previous = metrics if step else None
                 state, metrics = step_fn(state, _global(local, mesh))
+                if previous is not None:  # one step in flight: an honest progress bar, bounded memory
+                    jax.block_until_ready(previous)
                 step += 1
                 window_steps += 1
                 progress.update(1)
@@ -288,3 +313,27 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
     checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
     checkpointer.close()
     return os.path.join(workdir, "checkpoints", str(step))
+
+
+def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
+    """The command line of a fine-tuning job: --config (with --config.x=y overrides) and --workdir;
+    prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
+    from absl import app, flags, logging
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, config_help)
+    flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
+    flags.mark_flags_as_required(["config", "workdir"])
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments {argv[1:]}")
+        logging.set_verbosity(logging.WARNING)
+        try:
+            metrics = run(flags.FLAGS.config, flags.FLAGS.workdir)
+        except (ValueError, FileNotFoundError, FloatingPointError) as e:
+            raise SystemExit(f"{name}: {e}") from None
+        if jax.process_index() == 0:
+            print(json.dumps(metrics))
+
+    app.run(main)

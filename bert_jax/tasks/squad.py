@@ -21,7 +21,6 @@ tensorboard/, and the fine-tuned state in checkpoints/.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import sys
 import time
@@ -130,23 +129,6 @@ def apply_null_threshold(predictions: Mapping[str, str], nbest: Mapping[str, lis
     return out
 
 
-def write_json(path: str, value: Any) -> None:
-    """Writes JSON to `path` through a temporary name and a rename (never half-written)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
-
-
-def _vocab_file(config: ml_collections.ConfigDict, init: finetune.Initialisation) -> str:
-    if config.vocab_file:
-        return config.vocab_file
-    if init.kind == "hf" and os.path.isfile(os.path.join(init.path, "vocab.txt")):
-        return os.path.join(init.path, "vocab.txt")
-    raise ValueError("config.vocab_file is empty and config.init_checkpoint has no vocab.txt: name the "
-                     "WordPiece vocabulary the encoder was pre-trained with")
-
-
 def _read(path: str, *, is_training: bool, what: str, limit: int = 0) -> list[squad.SquadExample]:
     stats = squad.ReadStats()
     examples = squad.read_squad_examples(path, is_training=is_training, stats=stats)
@@ -174,7 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not config.train_file and not config.predict_file:
         raise ValueError("set config.train_file and/or config.predict_file")
     init = finetune.resolve_init(config)
-    tokenizer = Tokenizer(_vocab_file(config, init), do_lower_case=config.do_lower_case)
+    tokenizer = Tokenizer(finetune.resolve_vocab_file(config, init), do_lower_case=config.do_lower_case)
     if tokenizer.vocab_size > init.config.vocab_size:
         raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {init.config.vocab_size}")
@@ -238,10 +220,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             metrics.update(squad_eval.evaluate_v1(eval_examples, predictions))
         metrics["predict_examples"], metrics["predict_features"] = len(eval_examples), len(features)
         if is_main:
-            write_json(os.path.join(workdir, "predictions.json"), predictions)
-            write_json(os.path.join(workdir, "nbest_predictions.json"), nbest)
+            finetune.write_json(os.path.join(workdir, "predictions.json"), predictions)
+            finetune.write_json(os.path.join(workdir, "nbest_predictions.json"), nbest)
             if config.version_2_with_negative:
-                write_json(os.path.join(workdir, "null_odds.json"), null_odds)
+                finetune.write_json(os.path.join(workdir, "null_odds.json"), null_odds)
         summaries.write_scalars(writer, int(jax.device_get(state.step)),
                                 {k: v for k, v in metrics.items() if isinstance(v, float)}, "eval")
     if config.save_checkpoint and num_train_steps > 0:
@@ -250,28 +232,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if writer is not None:
         writer.close()
     if is_main:
-        write_json(os.path.join(workdir, "metrics.json"), metrics)
+        finetune.write_json(os.path.join(workdir, "metrics.json"), metrics)
     return metrics
 
 
-def main(argv):
-    del argv
-    from absl import flags, logging
-
-    logging.set_verbosity(logging.WARNING)
-    try:
-        metrics = run(flags.FLAGS.config, flags.FLAGS.workdir)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        raise SystemExit(f"squad: {e}") from None
-    if jax.process_index() == 0:
-        print(json.dumps(metrics))
-
-
 if __name__ == "__main__":
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", None, "SQuAD config file, e.g. configs/squad.py.")
-    flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    finetune.cli(run, "squad", "SQuAD config file, e.g. configs/squad.py.")

@@ -1,0 +1,220 @@
+"""Fine-tuning: initial weights from a bert_jax Orbax checkpoint / Hugging Face / random, onto any
+mesh; SQuAD and GLUE jobs end to end on small real data; GLUE reading and metrics."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from bert_jax import checkpointing, convert, losses, modeling, sharding, train
+from bert_jax.data import glue
+from bert_jax.tasks import finetune
+from bert_jax.tasks import glue as glue_task
+from bert_jax.tasks import squad as squad_task
+from configs import glue as glue_config
+from configs import pretrain
+from configs import squad as squad_config
+
+
+def _flat(tree):
+    return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(jax.device_get(tree), sep="/").items()}
+
+
+@pytest.fixture(scope="module")
+def pretrained(instances, tmp_path_factory):
+    """A tiny BERT pre-trained by bert_jax for 6 steps on one device: its workdir."""
+    config = pretrain.get_config("tiny")
+    config.phases = [pretrain.phase(64, 10, 1.0, str(instances / "p1"), 8)]
+    config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 6, 2, 6, 3
+    config.mesh.num_devices = 1
+    workdir = tmp_path_factory.mktemp("pretrain")
+    train.train_and_evaluate(config, str(workdir))
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def small_squad(data_dir, tmp_path_factory):
+    """The first 4 paragraphs (real questions) of the SQuAD train subset as a SQuAD file."""
+    with open(data_dir / "squad" / "train-v1.1-subset-44articles.json", encoding="utf-8") as f:
+        data = json.load(f)
+    article = data["data"][0]
+    data["data"] = [dict(article, paragraphs=article["paragraphs"][:4])]
+    path = tmp_path_factory.mktemp("squad") / "small.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _squad_config(tmp_init, vocab, train_file):
+    config = squad_config.get_config("tiny")
+    config.init_checkpoint = str(tmp_init)
+    config.vocab_file = str(vocab)
+    config.train_file = config.predict_file = str(train_file)
+    config.max_seq_length, config.doc_stride, config.max_query_length = 64, 32, 16
+    config.train_batch_size, config.predict_batch_size, config.num_train_epochs = 8, 16, 2.0
+    config.learning_rate, config.log_every = 1e-3, 5
+    return config
+
+
+def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
+    """The encoder of the pre-training checkpoint lands bit-exactly in a fine-tuning state on a
+    (2, 2, 2) mesh with bfloat16 compute; the QA head is fresh and the pooler is left out."""
+    config = squad_config.get_config("tiny")
+    config.init_checkpoint = str(pretrained)
+    config.model.dtype = "bfloat16"
+    init = finetune.resolve_init(config)
+    assert init.kind == "orbax" and init.config.dtype == "bfloat16" and init.config.num_hidden_layers == 2
+    model = modeling.BertForQuestionAnswering(init.config)
+    tx, _ = finetune.create_optimizer(config, 10)
+    mesh = sharding.make_mesh(2, 2, 2)
+    state, shardings = finetune.create_state(model, tx, mesh, init, seed=3)
+    saved = checkpointing.Checkpointer(str(pretrained / "checkpoints"), async_save=False)
+    pre_config = pretrain.get_config("tiny")
+    pre_tx, _ = train.create_optimizer(pre_config)
+    abstract, pre_shardings = train.state_shardings(train.create_model(pre_config), pre_tx,
+                                                    sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
+    pre_state, _ = saved.restore(saved.latest_step(), checkpointing.abstract_like(abstract, pre_shardings))
+    saved.close()
+    ours, theirs = _flat(state.params["bert"]), _flat(pre_state.params["bert"])
+    assert set(theirs) - set(ours) == {"pooler/kernel", "pooler/bias"}
+    for k, v in ours.items():
+        np.testing.assert_array_equal(v, theirs[k], err_msg=k)
+        assert v.dtype == np.float32
+    word = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert word.sharding.spec == shardings.params["bert"]["embeddings"]["word_embeddings"]["embedding"].spec
+    assert len(word.sharding.device_set) == 8
+    assert set(state.params) == {"bert", "qa_outputs"}
+    head = np.asarray(state.params["qa_outputs"]["kernel"])
+    assert 0.01 < head.std() < 0.03  # freshly initialised (stddev initializer_range 0.02, truncated)
+
+
+def test_hf_encoder_and_fresh_head(minilm_dir):
+    config = glue_config.get_config("mrpc")
+    config.init_checkpoint = str(minilm_dir)
+    init = finetune.resolve_init(config)
+    assert init.kind == "hf" and init.config.hidden_size == 384
+    model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+    tx, _ = finetune.create_optimizer(config, 10)
+    state, _ = finetune.create_state(model, tx, sharding.make_mesh(8, 1, 1), init, seed=0)
+    _, reference = convert.from_hf(str(minilm_dir))
+    ours, theirs = _flat(state.params["bert"]), _flat(reference["bert"])
+    assert set(ours) == set(theirs)  # the classifier keeps the pooler
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+    assert np.asarray(state.params["classifier"]["bias"]).sum() == 0
+
+
+def test_bad_init_checkpoint_is_one_line(tmp_path):
+    config = squad_config.get_config("tiny")
+    config.init_checkpoint = str(tmp_path)
+    with pytest.raises(FileNotFoundError, match="neither a Hugging Face directory") as e:
+        finetune.resolve_init(config)
+    assert "\n" not in str(e.value)
+
+
+def test_squad_finetunes_from_a_bert_jax_checkpoint(pretrained, small_squad, data_dir, tmp_path):
+    vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
+    config = _squad_config(pretrained, vocab, small_squad)
+    metrics = squad_task.run(config, str(tmp_path / "run"))
+    assert metrics["init"] == "orbax" and metrics["train_steps"] > 0
+    assert np.isfinite(metrics["train_loss"]) and 0 <= metrics["f1"] <= 100
+    predictions = json.loads((tmp_path / "run" / "predictions.json").read_text())
+    nbest = json.loads((tmp_path / "run" / "nbest_predictions.json").read_text())
+    assert len(predictions) == metrics["predict_examples"] and set(nbest) == set(predictions)
+    assert (tmp_path / "run" / "checkpoints" / str(metrics["train_steps"])).is_dir()
+    assert list((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
+    """3 SQuAD steps (dropout on) on one device and on a (2, 2, 2) mesh give the same losses."""
+    vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
+    from bert_jax.data import squad, tokenization
+
+    tok = tokenization.Tokenizer(str(vocab))
+    feats = squad.convert_examples_to_features(squad.read_squad_examples(str(small_squad), is_training=True), tok,
+                                               max_seq_length=64, doc_stride=32, max_query_length=16,
+                                               is_training=True)
+    config = _squad_config(pretrained, vocab, small_squad)
+    init = finetune.resolve_init(config)
+    model = modeling.BertForQuestionAnswering(init.config)
+    curves = []
+    for mesh in (sharding.make_mesh(1, 1, 1, jax.devices()[:1]), sharding.make_mesh(2, 2, 2)):
+        tx, schedule = finetune.create_optimizer(config, 3)
+        state, shardings = finetune.create_state(model, tx, mesh, init, seed=0)
+        step, _ = finetune.compile_steps(
+            model, tx, schedule, mesh, shardings,
+            lambda out, b: losses.span_loss(out.start_logits, out.end_logits, b["start_positions"], b["end_positions"]),
+            squad_task.LABEL_NAMES)
+        _, history = finetune.fit(state, step, feats.model_inputs(), batch_size=8, num_train_steps=3, seed=0,
+                                  mesh=mesh, log_every=1)
+        curves.append([h["loss"] for h in history])
+    np.testing.assert_allclose(curves[0], curves[1], rtol=1e-5)
+
+
+def test_glue_readers_and_features(data_dir):
+    from bert_jax.data import tokenization
+
+    mrpc_train = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "train.tsv"))
+    mrpc_dev = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "dev.tsv"))
+    mrpc_test = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "test.tsv"))
+    sst_dev = glue.read_glue_tsv("sst2", str(data_dir / "glue" / "SST-2" / "dev.tsv"))
+    assert (len(mrpc_train), len(mrpc_dev), len(mrpc_test), len(sst_dev)) == (3668, 408, 1725, 872)
+    assert mrpc_train[0].text_a.startswith("Amrozi accused") and mrpc_train[0].label == 1
+    assert {e.label for e in mrpc_test} == {-1}
+    assert abs(np.mean([e.label for e in mrpc_dev]) - 0.684) < 0.001  # GLUE's 68.4% positives
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    feats = glue.convert_examples_to_features(mrpc_dev, tok, max_seq_length=32)
+    ex = mrpc_dev[0]
+    a, b = tok.encode(ex.text_a), tok.encode(ex.text_b)
+    glue.truncate_seq_pair(a, b, 29)
+    row = [tok.cls_id] + a + [tok.sep_id] + b + [tok.sep_id]
+    assert feats["input_ids"][0].tolist() == row + [0] * (32 - len(row))
+    assert feats["token_type_ids"][0].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (32 - len(row))
+    assert feats["attention_mask"][0].sum() == len(row)
+
+
+def test_truncate_seq_pair_hand_computed():
+    a, b = list(range(10)), list(range(100, 104))
+    glue.truncate_seq_pair(a, b, 8)  # pops a until 4 + 4; ties pop b
+    assert (a, b) == ([0, 1, 2, 3], [100, 101, 102, 103])
+    a, b = [1, 2, 3], [4, 5, 6]
+    glue.truncate_seq_pair(a, b, 4)
+    assert (a, b) == ([1, 2], [4, 5])
+
+
+def test_glue_bad_rows_are_one_line(tmp_path):
+    bad = tmp_path / "dev.tsv"
+    bad.write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n2\t1\t2\ta\tb\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:2: label '2'"):
+        glue.read_glue_tsv("mrpc", str(bad))
+    with pytest.raises(ValueError, match="not one of"):
+        glue.read_glue_tsv("cola", str(bad))
+
+
+def test_classification_metrics_equal_torchmetrics():
+    import torch
+    from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 500)
+    preds = np.where(rng.random(500) < 0.7, labels, 1 - labels)
+    ours = glue_task.classification_metrics(preds, labels)
+    assert ours["f1"] == pytest.approx(100 * float(BinaryF1Score()(torch.tensor(preds), torch.tensor(labels))),
+                                       abs=1e-4)
+    assert ours["accuracy"] == pytest.approx(100 * float(BinaryAccuracy()(torch.tensor(preds), torch.tensor(labels))),
+                                             abs=1e-4)
+
+
+def test_glue_mrpc_job_from_random_init(data_dir, tmp_path):
+    config = glue_config.get_config("mrpc")
+    config.model = pretrain.model_config("tiny")
+    config.vocab_file = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    config.data_dir = str(data_dir / "glue" / "MRPC")
+    config.max_seq_length, config.num_train_epochs, config.train_batch_size = 32, 0.1, 32
+    config.mesh.num_devices = 1
+    metrics = glue_task.run(config, str(tmp_path))
+    assert metrics["train_steps"] == int(3668 / 32 * 0.1) and metrics["eval_examples"] == 408
+    assert metrics["majority_accuracy"] == pytest.approx(100 * 279 / 408)
+    assert 0 <= metrics["accuracy"] <= 100 and np.isfinite(metrics["train_loss"])
+    assert (tmp_path / "dev_predictions.tsv").read_text().count("\n") == 409
