@@ -133,7 +133,10 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.s
         params = jax.jit(lambda: nn.unbox(init_params()), out_shardings=param_shardings)()
         if init.kind == "hf":
             encoder = _select(init.bert_params, abstract["bert"])
-            params["bert"] = jax.device_put(jax.tree_util.tree_map(jnp.asarray, encoder), param_shardings["bert"])
+            # Each process builds only its own shards from the host copy (works on several hosts too).
+            params["bert"] = jax.tree_util.tree_map(
+                lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index, x=x: np.asarray(x)[index]),
+                encoder, param_shardings["bert"])
         elif init.kind == "orbax":
             target = checkpointing.abstract_like(abstract["bert"], param_shardings["bert"])
             params["bert"] = checkpointing.restore_params(init.path, {"bert": target})["bert"]

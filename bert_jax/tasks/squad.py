@@ -90,12 +90,14 @@ def postprocess(examples: Sequence[squad.SquadExample], features: squad.SquadFea
                 si, ej = s[i, j], e[i, j]
                 candidates.append((float(s_log[si] + e_log[ej]), float(s_log[si]), float(e_log[ej]),
                                    int(offsets[si, 0]), int(offsets[ej, 1])))
+        if version_2_with_negative and null is not None:
+            candidates.append((null[0], null[1], null[2], -1, -1))  # ranked with the spans, as the original
         candidates.sort(key=lambda c: -c[0])
         nbest, seen = [], set()
         for score, s_logit, e_logit, c0, c1 in candidates:
             if len(nbest) >= n_best_size:
                 break
-            text = ex.context_text[c0:c1]
+            text = ex.context_text[c0:c1] if c0 >= 0 else ""
             if text in seen:
                 continue
             seen.add(text)
