@@ -193,8 +193,8 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, vocab_size: int
                                 vertical_lines=[p.start for p in phases[1:]])
     summary = {"corpus": corpus_file, "vocab_file": vocab_file, "phases": phase_summary(records, phases),
                "chance_mlm_accuracy": 1.0 / tokenizer.vocab_size,
-               "checkpoints": sorted(os.path.join(pretrain_dir, "checkpoints", d)
-                                     for d in os.listdir(os.path.join(pretrain_dir, "checkpoints")) if d.isdigit()),
+               "checkpoints": [os.path.join(pretrain_dir, "checkpoints", str(s)) for s in sorted(
+                   int(d) for d in os.listdir(os.path.join(pretrain_dir, "checkpoints")) if d.isdigit())],
                "tensorboard": os.path.join(pretrain_dir, "tensorboard"), "curves_png": png}
 
     # 5. SQuAD from the final checkpoint, in a fresh process (as a user's fine-tuning job)

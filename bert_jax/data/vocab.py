@@ -210,17 +210,20 @@ def _write_atomically(path: str, data: bytes) -> None:
         raise
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("input_file", None, "Comma-separated globs of UTF-8 text files, one sentence or paragraph a line.")
-flags.DEFINE_string("output_file", None, "The vocab.txt to write.")
-flags.DEFINE_integer("vocab_size", None, "Number of tokens (lines) of the vocabulary.")
-flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (uncased vocabulary).")
-flags.DEFINE_integer("max_sentences", None, "Read at most this many non-empty lines.")
-flags.DEFINE_integer("min_char_count", 2, "Leave out characters seen fewer times.")
+def _define_flags() -> None:
+    """The CLI's flags (defined only when run as a script, so importing this module defines none)."""
+    flags.DEFINE_string("input_file", None, "Comma-separated globs of UTF-8 text files, one sentence or paragraph a line.")
+    flags.DEFINE_string("output_file", None, "The vocab.txt to write.")
+    flags.DEFINE_integer("vocab_size", None, "Number of tokens (lines) of the vocabulary.")
+    flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (uncased vocabulary).")
+    flags.DEFINE_integer("max_sentences", None, "Read at most this many non-empty lines.")
+    flags.DEFINE_integer("min_char_count", 2, "Leave out characters seen fewer times.")
+    flags.mark_flags_as_required(["input_file", "output_file", "vocab_size"])
 
 
 def main(argv):
     del argv
+    FLAGS = flags.FLAGS
     try:
         stats = train_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
                             FLAGS.max_sentences, FLAGS.min_char_count)
@@ -230,5 +233,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["input_file", "output_file", "vocab_size"])
+    _define_flags()
     app.run(main)
