@@ -254,10 +254,11 @@ def compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps: int = 
     return step, evaluate
 
 
-def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch:
-    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp)."""
+def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh,
+                 fields: tuple[str, ...] = BATCH_FIELDS) -> Batch:
+    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp), for the keys `fields`."""
     out = {}
-    for k in BATCH_FIELDS:
+    for k in fields:
         x = local[k]
         global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
         out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x, global_shape)

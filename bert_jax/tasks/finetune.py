@@ -33,7 +33,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing, convert, modeling, optim, sharding, summaries
-from bert_jax.train import TrainState
+from bert_jax.train import TrainState, global_batch
 
 COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy")
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
@@ -206,14 +206,6 @@ def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int):
         total_steps=max(num_train_steps, 1), weight_decay=config.weight_decay, eps=1e-6, max_grad_norm=1.0)
 
 
-def _global(local: Mapping[str, np.ndarray], mesh) -> dict[str, jax.Array]:
-    out = {}
-    for k, x in local.items():
-        shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
-        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x, shape)
-    return out
-
-
 def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, seed: int | None,
                   drop_remainder: bool) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """This process's rows of each global batch -> (arrays, number of real rows in the global batch).
@@ -260,7 +252,7 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         while step < num_train_steps:
             for local, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True):
                 previous = metrics if step else None
-                state, metrics = step_fn(state, _global(local, mesh))
+                state, metrics = step_fn(state, global_batch(local, mesh, tuple(local)))
                 if previous is not None:  # one step in flight: an honest progress bar, bounded memory
                     jax.block_until_ready(previous)
                 step += 1
@@ -292,7 +284,7 @@ def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
     progress = summaries.progress_bar(0, -(-n // batch_size), is_main, desc)
     with jax.set_mesh(mesh):
         for local, real in local_batches(inputs, batch_size, seed=None, drop_remainder=False):
-            out = jax.device_get(predict_fn(params, _global(local, mesh)))
+            out = jax.device_get(predict_fn(params, global_batch(local, mesh, tuple(local))))
             chunks.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:real], out))
             progress.update(1)
     progress.close()
