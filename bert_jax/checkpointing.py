@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from bert_jax import storage
+
 
 class Checkpointer:
     """Thin wrapper over `ocp.CheckpointManager` for the three items above.
@@ -33,7 +35,7 @@ class Checkpointer:
     def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True):
         self.directory = directory
         self.manager = ocp.CheckpointManager(
-            os.path.abspath(directory) if "://" not in directory else directory,
+            directory if storage.is_remote(directory) else os.path.abspath(directory),
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                                  create=True),
             item_names=("state", "data", "config"),
@@ -86,7 +88,7 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
     Raises:
       FileNotFoundError: no checkpoint in `directory`.
     """
-    manager = ocp.CheckpointManager(os.path.abspath(directory) if "://" not in directory else directory,
+    manager = ocp.CheckpointManager(directory if storage.is_remote(directory) else os.path.abspath(directory),
                                     item_names=("state", "data", "config"),
                                     options=ocp.CheckpointManagerOptions(read_only=True))
     step = manager.latest_step() if step is None else step

@@ -44,15 +44,16 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("layers", None),
 )
 
-# name: (data, fsdp, tensor); -1 = all remaining devices. Devices per preset: v3 has 2 per chip.
+# name: (data, fsdp, tensor); -1 = all remaining devices. v3 and v4 pods show 2 devices per chip (their
+# names count TensorCores), v5e one.
 MESH_PRESETS: dict[str, tuple[int, int, int]] = {
     "cpu": (-1, 1, 1),
     "v3-32": (32, 1, 1),     # BERT-Base, 16 chips (paper)
-    "v4-16": (16, 1, 1),
-    "v5e-16": (16, 1, 1),
+    "v4-32": (32, 1, 1),     # 16 chips (32 TensorCores)
+    "v5e-16": (16, 1, 1),    # 16 chips
     "v3-128": (16, 8, 1),    # BERT-Large, 64 chips (paper)
-    "v4-64": (8, 8, 1),
-    "v5e-64": (8, 8, 1),
+    "v4-128": (16, 8, 1),    # 64 chips
+    "v5e-64": (8, 8, 1),     # 64 chips
 }
 
 

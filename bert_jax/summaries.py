@@ -7,34 +7,51 @@ Only process 0 writes: callers pass `enabled=jax.process_index() == 0`.
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import sys
 from typing import Sequence
+
+from bert_jax import storage
 
 
 class Writer:
     """Scalars to `<workdir>/tensorboard/` (event files) and `<workdir>/metrics.jsonl` (one JSON object
-    per call: {"step", "prefix", name: value, ...}; appended, so a resumed run continues the file)."""
+    per call: {"step", "prefix", name: value, ...}; continued, not replaced, by a resumed run).
+
+    `workdir` may be a local path or a gs:// URI. Object stores cannot append, so for a URI the JSON lines
+    are kept in memory (a few MB for a million steps logged every 100) and the whole object is rewritten
+    at each call; locally the file is appended to and flushed.
+    """
 
     def __init__(self, workdir: str):
         from tensorboardX import SummaryWriter
 
-        os.makedirs(workdir, exist_ok=True)
-        self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        storage.makedirs(workdir)
+        self.tensorboard = SummaryWriter(storage.join(workdir, "tensorboard"))
+        self.jsonl_path = storage.join(workdir, "metrics.jsonl")
+        if storage.is_remote(workdir):
+            self.jsonl = None
+            self.lines = storage.read_text(self.jsonl_path) if storage.exists(self.jsonl_path) else ""
+        else:
+            self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
 
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
         for k, v in values.items():
             self.tensorboard.add_scalar(f"{prefix}/{k}", v, step)
         self.tensorboard.flush()
-        self.jsonl.write(json.dumps({"step": int(step), "prefix": prefix, **{k: float(v) for k, v in values.items()}})
-                         + "\n")
-        self.jsonl.flush()
+        line = json.dumps({"step": int(step), "prefix": prefix, **{k: float(v) for k, v in values.items()}}) + "\n"
+        if self.jsonl is None:
+            self.lines += line
+            storage.write_text(self.jsonl_path, self.lines)
+        else:
+            self.jsonl.write(line)
+            self.jsonl.flush()
 
     def close(self) -> None:
         self.tensorboard.close()
-        self.jsonl.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
 
 
 def open_writer(workdir: str, enabled: bool = True) -> Writer | None:
@@ -56,17 +73,16 @@ def read_metrics(workdir: str, prefix: str = "train") -> list[dict[str, float]]:
       FileNotFoundError: no metrics.jsonl in workdir.
     """
     by_step: dict[int, dict] = {}
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if record.pop("prefix") == prefix:
-                by_step[record["step"]] = record
+    for line in storage.read_text(storage.join(workdir, "metrics.jsonl")).splitlines():
+        record = json.loads(line)
+        if record.pop("prefix") == prefix:
+            by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]
 
 
 def plot_curves(records: Sequence[dict[str, float]], names: Sequence[str], path: str, title: str = "",
                 vertical_lines: Sequence[int] = ()) -> str:
-    """One panel per metric name (x = step) as a PNG at `path`, written through a temporary file.
+    """One panel per metric name (x = step) as a PNG at `path` (local or URI), written all at once.
 
     Args:
       records: dicts with "step" and the named metrics (from `read_metrics`).
@@ -90,10 +106,10 @@ def plot_curves(records: Sequence[dict[str, float]], names: Sequence[str], path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
+    storage.write_bytes(path, png.getvalue())
     return path
 
 

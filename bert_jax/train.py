@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, flops, losses, modeling, optim, sharding, summaries
+from bert_jax import checkpointing, flops, losses, modeling, optim, sharding, storage, summaries
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -125,12 +125,11 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
             raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by the "
                              f"{jax.process_count()} processes")
         if need_data:
-            meta_file = os.path.join(p.data_dir, "metadata.json")
-            if not os.path.isfile(meta_file):
+            meta_file = storage.join(p.data_dir, "metadata.json")
+            if not storage.is_file(meta_file):
                 raise FileNotFoundError(f"config.phases[{p.index}].data_dir={p.data_dir!r}: no metadata.json "
                                         "(run python -m bert_jax.data.create_pretraining_data first)")
-            with open(meta_file, encoding="utf-8") as f:
-                flags = json.load(f)["flags"]
+            flags = storage.read_json(meta_file)["flags"]
             if (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (p.max_seq_length,
                                                                                p.max_predictions_per_seq):
                 raise ValueError(f"config.phases[{p.index}] wants length {p.max_seq_length} / {p.max_predictions_per_seq} "
@@ -326,7 +325,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     abstract, shardings = state_shardings(model, tx, mesh, config.seed)
     sharding.check_divisible(abstract, shardings)
     is_main = jax.process_index() == 0
-    checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+    checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
                                               max_to_keep=config.keep_checkpoints)
     latest = checkpointer.latest_step()
     if latest is None:

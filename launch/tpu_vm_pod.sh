@@ -56,7 +56,7 @@ run tar --exclude=.venv --exclude=.git --exclude='*.egg-info' --exclude=__pycach
   -C "$SRC" .
 run "${TPU[@]}" scp /tmp/bert_jax_src.tgz "$NAME:~/" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
-  "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && \$(command -v python3.11 || command -v python3) -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
+  "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && \$(command -v python3.11 || command -v python3) -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
 # Every worker runs the same program; jax.distributed finds the pod's other hosts itself.
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
   "cd $PROJECT_DIR && nohup .venv/bin/python -m $MODULE --jax_distributed$ENTRY_ARGS > run.log 2>&1 &"

@@ -9,11 +9,12 @@ last token of the longer sentence until the pair fits).
 from __future__ import annotations
 
 import csv
+import io
 import dataclasses
-import os
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data.tokenization import Tokenizer
 
 TASKS = {
@@ -34,10 +35,10 @@ class InputExample:
 
 
 def _read_tsv(path: str) -> list[list[str]]:
-    if not os.path.isfile(path):
+    if not storage.is_file(path):
         raise FileNotFoundError(f"GLUE file {path!r} does not exist")
-    with open(path, encoding="utf-8-sig", newline="") as f:  # MRPC's files start with a byte-order mark
-        return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    text = storage.read_text(path).removeprefix("\ufeff")  # MRPC's files start with a byte-order mark
+    return list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
 def _label(value: str, path: str, line: int) -> int:

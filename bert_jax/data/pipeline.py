@@ -50,13 +50,13 @@ Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_p
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Sequence
 
 import grain
 import numpy as np
 from absl import flags as absl_flags
 
+from bert_jax import storage
 from bert_jax.data import pretraining
 
 # Reading threads and the read-ahead buffer, in batches (grain's defaults, 16 and 500, would buffer
@@ -192,9 +192,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
-    shards = [os.path.join(path, s) for s in metadata["shards"]]
+    shards = [storage.join(path, s) for s in metadata["shards"]]
     for shard in shards:
-        if not os.path.isfile(shard):
+        if not storage.is_file(shard):
             raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
 
     source = grain.sources.ArrayRecordDataSource(shards)

@@ -52,6 +52,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data import corpus
 
 METADATA_NAME = "metadata.json"
@@ -477,11 +478,10 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
 
 def read_metadata(path: str) -> dict:
     """metadata.json of an instances directory; FileNotFoundError when the output is incomplete."""
-    meta_file = os.path.join(path, METADATA_NAME)
-    if not os.path.isfile(meta_file):
+    meta_file = storage.join(path, METADATA_NAME)
+    if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{path}: no {METADATA_NAME} (not a complete create_pretraining_data output)")
-    with open(meta_file, encoding="utf-8") as f:
-        return json.load(f)
+    return storage.read_json(meta_file)
 
 
 def iterate_instances(path: str) -> Iterator[dict[str, np.ndarray]]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data.tokenization import Tokenizer
 
 
@@ -72,11 +72,10 @@ def read_squad_examples(path: str, *, is_training: bool, stats: ReadStats | None
       ValueError: the file is not JSON or not in the SQuAD layout (names the file and the field).
     """
     stats = stats if stats is not None else ReadStats()
-    if not os.path.isfile(path):
+    if not storage.is_file(path):
         raise FileNotFoundError(f"SQuAD file {path!r} does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(storage.read_text(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"SQuAD file {path!r} is not valid JSON: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):

@@ -55,6 +55,8 @@ import numpy as np
 import tokenizers
 from tokenizers import Regex, models, normalizers, pre_tokenizers
 
+from bert_jax import storage
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100
 # The noncharacter that stands in for characters the Rust library cannot normalise as Python does.
@@ -218,8 +220,7 @@ def _read_vocab(vocab_file: str) -> tuple[list[str], str]:
         file).
     """
     try:
-        with open(vocab_file, "rb") as f:
-            data = f.read()
+        data = storage.read_bytes(vocab_file)
     except FileNotFoundError:
         raise FileNotFoundError(f"vocab file not found: {vocab_file}") from None
     try:

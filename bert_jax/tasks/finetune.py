@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -32,7 +31,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, convert, modeling, optim, sharding, summaries
+from bert_jax import checkpointing, convert, modeling, optim, sharding, storage, summaries
 from bert_jax.train import TrainState, global_batch
 
 COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy")
@@ -52,8 +51,8 @@ class Initialisation:
 
 def _checkpoint_dir(path: str) -> str | None:
     """The Orbax checkpoints directory of a pre-training workdir (or the directory itself), or None."""
-    for candidate in (os.path.join(path, "checkpoints"), path):
-        if os.path.isdir(candidate) and any(name.isdigit() for name in os.listdir(candidate)):
+    for candidate in (storage.join(path, "checkpoints"), path):
+        if any(name.isdigit() for name in storage.list_names(candidate)):
             return candidate
     return None
 
@@ -70,7 +69,7 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     compute = {k: config.model[k] for k in COMPUTE_FIELDS}
     if not path:
         return Initialisation("random", "", modeling.BertConfig.from_dict(config.model))
-    if os.path.isfile(os.path.join(path, convert.CONFIG_NAME)):
+    if storage.is_file(storage.join(path, convert.CONFIG_NAME)):
         bert_config, params = convert.from_hf(path, scan_layers=config.model.scan_layers, **compute)
         return Initialisation("hf", path, bert_config, params["bert"])
     ckpt_dir = _checkpoint_dir(path)
@@ -92,18 +91,10 @@ def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) 
     """
     if config.vocab_file:
         return config.vocab_file
-    if init.kind == "hf" and os.path.isfile(os.path.join(init.path, "vocab.txt")):
-        return os.path.join(init.path, "vocab.txt")
+    if init.kind == "hf" and storage.is_file(storage.join(init.path, "vocab.txt")):
+        return storage.join(init.path, "vocab.txt")
     raise ValueError("config.vocab_file is empty and config.init_checkpoint has no vocab.txt: name the "
                      "WordPiece vocabulary the encoder was pre-trained with")
-
-
-def write_json(path: str, value: Any) -> None:
-    """Writes JSON to `path` through a temporary name and a rename (never half-written)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
 
 
 def _select(tree: Mapping, like: Mapping) -> dict:
@@ -304,10 +295,10 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
     step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
     config_json["model"] = bert_config.to_dict()
-    checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
+    checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
     checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
     checkpointer.close()
-    return os.path.join(workdir, "checkpoints", str(step))
+    return storage.join(workdir, "checkpoints", str(step))
 
 
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:

@@ -12,7 +12,6 @@ dev_predictions.tsv, tensorboard/ and the fine-tuned state in checkpoints/ under
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -20,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import losses, modeling, summaries
+from bert_jax import losses, modeling, storage, summaries
 from bert_jax.data import glue
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune
@@ -45,7 +44,7 @@ def _examples(config: ml_collections.ConfigDict, split: str) -> list[glue.InputE
     if config.use_tfds:
         return glue.read_glue_tfds(config.task, "validation" if split == "dev" else split,
                                    data_dir=config.tfds_data_dir or None)
-    return glue.read_glue_tsv(config.task, os.path.join(config.data_dir, f"{split}.tsv"))
+    return glue.read_glue_tsv(config.task, storage.join(config.data_dir, f"{split}.tsv"))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -78,7 +77,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return losses.classification_loss(out.logits, batch["labels"])
 
     step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)
     start = time.perf_counter()
@@ -101,13 +100,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if writer is not None:
         writer.close()
     if is_main:
-        tmp = os.path.join(workdir, f"dev_predictions.tsv.tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("index\tprediction\tlabel\n")
-            for i, (p, y) in enumerate(zip(predictions, dev["labels"])):
-                f.write(f"{i}\t{p}\t{y}\n")
-        os.replace(tmp, os.path.join(workdir, "dev_predictions.tsv"))
-        finetune.write_json(os.path.join(workdir, "metrics.json"), metrics)
+        rows = "".join(f"{i}\t{p}\t{y}\n" for i, (p, y) in enumerate(zip(predictions, dev["labels"])))
+        storage.write_text(storage.join(workdir, "dev_predictions.tsv"), "index\tprediction\tlabel\n" + rows)
+        storage.write_json(storage.join(workdir, "metrics.json"), metrics)
     return metrics
 
 

@@ -21,7 +21,6 @@ tensorboard/, and the fine-tuned state in checkpoints/.
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -30,7 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import losses, modeling, summaries
+from bert_jax import losses, modeling, storage, summaries
 from bert_jax.data import squad
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune, squad_eval
@@ -173,7 +172,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                           limit=config.max_predict_examples) if config.predict_file else []
     mesh = finetune.make_mesh(config)
     model = modeling.BertForQuestionAnswering(init.config)
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)
     metrics: dict[str, Any] = {"init": init.kind}
@@ -222,10 +221,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             metrics.update(squad_eval.evaluate_v1(eval_examples, predictions))
         metrics["predict_examples"], metrics["predict_features"] = len(eval_examples), len(features)
         if is_main:
-            finetune.write_json(os.path.join(workdir, "predictions.json"), predictions)
-            finetune.write_json(os.path.join(workdir, "nbest_predictions.json"), nbest)
+            storage.write_json(storage.join(workdir, "predictions.json"), predictions)
+            storage.write_json(storage.join(workdir, "nbest_predictions.json"), nbest)
             if config.version_2_with_negative:
-                finetune.write_json(os.path.join(workdir, "null_odds.json"), null_odds)
+                storage.write_json(storage.join(workdir, "null_odds.json"), null_odds)
         summaries.write_scalars(writer, int(jax.device_get(state.step)),
                                 {k: v for k, v in metrics.items() if isinstance(v, float)}, "eval")
     if config.save_checkpoint and num_train_steps > 0:
@@ -234,7 +233,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if writer is not None:
         writer.close()
     if is_main:
-        finetune.write_json(os.path.join(workdir, "metrics.json"), metrics)
+        storage.write_json(storage.join(workdir, "metrics.json"), metrics)
     return metrics
 
 
