@@ -19,10 +19,37 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+@jax.custom_vjp
+def _nll(logits: Array, labels: Array) -> Array:
+    """float32 logits [..., K], int32 labels [...] -> float32 [...] = logsumexp(logits) - logits[label]."""
+    return _nll_fwd(logits, labels)[0]
+
+
+def _nll_fwd(logits, labels):
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return lse - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0], (logits, labels, lse)
+
+
+def _nll_bwd(residuals, g):
+    # d nll / d logits = softmax(logits) - one_hot(label), written as one elementwise pass over [..., K].
+    # Autodiff of log_softmax + take_along_axis instead materialises a zero [..., K] buffer, scatters
+    # into it and reduces it again: 25-30% of the masked-LM head's backward time on CPU.
+    logits, labels, lse = residuals
+    one_hot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None]
+    dlogits = (jnp.exp(logits - lse[..., None]) - one_hot.astype(logits.dtype)) * g[..., None]
+    return dlogits, None
+
+
+_nll.defvjp(_nll_fwd, _nll_bwd)
+
+
 def _cross_entropy(logits: Array, labels: Array) -> Array:
-    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood."""
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood.
+
+    Computed in float32 (log-sum-exp minus the label's logit), with a hand-written gradient
+    (softmax - one_hot); tests check it against autodiff of `jax.nn.log_softmax`.
+    """
+    return _nll(logits.astype(jnp.float32), labels.astype(jnp.int32))
 
 
 def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:

@@ -271,3 +271,29 @@ def test_hashed_dropout_mask_statistics():
     y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
     assert abs(float(y.mean()) - 1.0) < 4 * np.sqrt(0.1 / 0.9 / x.size)
     np.testing.assert_allclose(np.unique(np.asarray(y)), [0.0, 65536 / (65536 - 6554)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tied_logits_gradients_equal_autodiff_of_the_einsum(dtype):
+    """The hand-written backward of the tied decoder (d x, d table, d bias) against autodiff of
+    x @ table^T + bias, under a loss that weights every logit differently."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.dtype(dtype))  # [B, P, D]
+    table = jnp.asarray(rng.normal(size=(37, 16)) * 0.1, jnp.float32)  # [V, D] float32 parameters
+    bias = jnp.asarray(rng.normal(size=(37,)), jnp.float32)
+    weight = jnp.asarray(rng.normal(size=(2, 3, 37)), jnp.float32)
+
+    def plain(x, table, bias):
+        return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32) + bias
+
+    def loss(fn):
+        return lambda *args: jnp.sum(jnp.sin(fn(*args)) * weight)
+
+    ours = jax.grad(loss(lambda *a: modeling.tied_logits(*a, jnp.dtype(dtype))), argnums=(0, 1, 2))(x, table, bias)
+    ref = jax.grad(loss(plain), argnums=(0, 1, 2))(x, table, bias)
+    np.testing.assert_allclose(modeling.tied_logits(x, table, bias, jnp.dtype(dtype)), plain(x, table, bias),
+                               rtol=1e-6)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    for name, a, b in zip(("x", "table", "bias"), ours, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
