@@ -32,14 +32,17 @@ def join(path: str | os.PathLike, *names: str) -> str:
 
 
 def exists(path: str | os.PathLike) -> bool:
+    """True when `path` (file or directory, local or URI) exists."""
     return epath.Path(path).exists()
 
 
 def is_file(path: str | os.PathLike) -> bool:
+    """True when `path` is an existing file (an object, on object stores)."""
     return epath.Path(path).is_file()
 
 
 def is_dir(path: str | os.PathLike) -> bool:
+    """True when `path` is an existing directory (a non-empty prefix, on object stores)."""
     return epath.Path(path).is_dir()
 
 
