@@ -9,8 +9,8 @@ last token of the longer sentence until the pair fits).
 from __future__ import annotations
 
 import csv
-import io
 import dataclasses
+import io
 
 import numpy as np
 
