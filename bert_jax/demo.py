@@ -143,7 +143,7 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, vocab_size: int
 
     import jax
 
-    from bert_jax import summaries, train
+    from bert_jax import storage, summaries, train
     from bert_jax.data import corpus as corpus_lib
     from bert_jax.data import pretraining, tokenization
     from bert_jax.data.vocab import train_vocab
@@ -225,8 +225,7 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, vocab_size: int
             records, ["loss", "learning_rate"], os.path.join(squad_dir_out, "training_curves.png"),
             title="bert_jax demo: SQuAD fine-tuning")
     summary["seconds"] = round(time.perf_counter() - start, 1)
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
+    storage.write_json(os.path.join(workdir, "summary.json"), summary)
     _print_summary(summary)
     return summary
 

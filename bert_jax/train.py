@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import signal
 import sys
 import time

@@ -43,7 +43,6 @@ counts, flags, vocab sha256). Record format, little-endian int32:
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import os
 import shutil
@@ -467,10 +466,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                       **(extra_metadata or {})},
             "seconds": round(time.time() - start, 3),
         }
-        tmp = os.path.join(output_dir, METADATA_NAME + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(metadata, f, indent=2)
-        os.replace(tmp, os.path.join(output_dir, METADATA_NAME))
+        storage.write_json(os.path.join(output_dir, METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
