@@ -68,10 +68,26 @@ def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array
     return jnp.sum(_cross_entropy(logits, masked_lm_ids) * weights), jnp.sum(weights)
 
 
+def is_argmax(logits: Array, labels: Array) -> Array:
+    """bool [...]: whether labels == argmax(logits, axis=-1), ties going to the first index as argmax.
+
+    logits [..., K] (any float dtype), labels int [...] in [0, K). The label is the argmax when no logit
+    is greater than the label's and no earlier one equals it: one `any` over [..., K] instead of
+    argmax's (value, index) reduction, which XLA CPU runs about 3x slower (45 against 16 ms on the
+    [640, 30522] masked-LM logits of the `mini` benchmark). Tests check it against jnp.argmax,
+    ties included.
+    """
+    labels = labels.astype(jnp.int32)[..., None]
+    picked = jnp.take_along_axis(logits, labels, axis=-1)
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    beaten = (logits > picked) | ((logits == picked) & (index < labels))
+    return ~jnp.any(beaten, axis=-1)
+
+
 def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
     """(weighted count of argmax == masked_lm_ids, sum of weights), float32 scalars; shapes as above."""
     weights = masked_lm_weights.astype(jnp.float32)
-    correct = (jnp.argmax(logits, axis=-1) == masked_lm_ids).astype(jnp.float32)
+    correct = is_argmax(logits, masked_lm_ids).astype(jnp.float32)
     return jnp.sum(correct * weights), jnp.sum(weights)
 
 

@@ -105,3 +105,21 @@ def test_cross_entropy_gradient_equals_autodiff_of_log_softmax(dtype):
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(ref, np.float32),
                                rtol=1e-5 if dtype == jnp.float32 else 1e-2, atol=1e-7 if dtype == jnp.float32 else 1e-3)
     assert float(jnp.abs(ours[weights == 0]).max()) == 0.0  # padding slots get no gradient
+
+
+def test_is_argmax_matches_argmax_with_ties():
+    rng = np.random.default_rng(0)
+    # Few distinct values, so that most rows have ties for the maximum.
+    logits = rng.integers(-2, 3, size=(64, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, size=64)
+    expected = np.argmax(logits, axis=-1) == labels
+    assert expected.sum() > 5 and (~expected).sum() > 5
+    np.testing.assert_array_equal(np.asarray(losses.is_argmax(jnp.asarray(logits), jnp.asarray(labels))), expected)
+    # Every label of every row of real-valued logits, in bfloat16 too.
+    logits = rng.normal(size=(3, 50)).astype(np.float32)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jnp.asarray(logits, dtype)
+        for label in range(50):
+            labels = np.full(3, label)
+            expected = np.argmax(np.asarray(x.astype(jnp.float32)), axis=-1) == labels
+            np.testing.assert_array_equal(np.asarray(losses.is_argmax(x, jnp.asarray(labels))), expected)

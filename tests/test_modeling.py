@@ -297,3 +297,28 @@ def test_tied_logits_gradients_equal_autodiff_of_the_einsum(dtype):
     for name, a, b in zip(("x", "table", "bias"), ours, ref):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gelu_and_its_gradient_equal_autodiff_of_the_erf_formula(dtype):
+    """The exact GELU with its hand-written gradient against jax.nn.gelu(approximate=False) and
+    autodiff of it, and against torch.nn.functional.gelu (the reference's), over [-8, 8]."""
+    import torch
+
+    x32 = np.linspace(-8, 8, 4001).astype(np.float32)
+    x = jnp.asarray(x32, jnp.dtype(dtype))
+    weight = jnp.asarray(np.cos(np.arange(x32.size)), jnp.float32)
+    ours = modeling.gelu(x)
+    assert ours.dtype == x.dtype
+    ref = jax.nn.gelu(x.astype(jnp.float32), approximate=False)
+    # atol: near x = -8 the 1 + erf form (torch's) and jax's erfc form differ by rounding, < 1e-6.
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == "float32" else dict(rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(ref), **tol)
+    grad = jax.grad(lambda v: jnp.sum(modeling.gelu(v).astype(jnp.float32) * weight))(x)
+    grad_ref = jax.grad(lambda v: jnp.sum(jax.nn.gelu(v, approximate=False) * weight))(x.astype(jnp.float32))
+    assert grad.dtype == x.dtype
+    np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(grad_ref), **tol)
+    if dtype == "float32":
+        t = torch.tensor(x32, requires_grad=True)
+        torch.nn.functional.gelu(t).backward(torch.tensor(np.asarray(weight)))
+        np.testing.assert_allclose(np.asarray(grad), t.grad.numpy(), rtol=1e-5, atol=1e-6)
