@@ -6,10 +6,10 @@ For each size: sequences/s of our jitted `train_step` (one device using all core
 sparse MLM at 20 positions) and of the peer (transformers BertForPreTraining in train mode, masked-LM
 labels at the same 20 positions, torch.optim.AdamW, torch threads = the machine's cores), measured in
 alternating windows so that both see the same load (this machine's speed drifts by 10-20% over
-minutes); the printed figures are medians over the windows and the ratio is the median of the
-per-window ratios. MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling measured in the same
-run (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and for information against
-jnp.dot's alone.
+minutes): the printed rates are medians over the windows and the ratio is the median of the
+per-window ratios. MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling
+measured in the same run (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and
+for information over jnp.dot's alone.
 
 Bars (issue 4): ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
 MFU >= 60% on base.
