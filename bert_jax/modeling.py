@@ -66,7 +66,9 @@ def _gelu_fwd(x):
 
 
 def _gelu_bwd(x, g):
-    x32 = x.astype(jnp.float32)
+    # The barrier keeps XLA from sharing erf(x / sqrt 2) with the forward pass: shared, it was written
+    # to memory in the forward and read back here, two extra passes over the [B*L, I] activations.
+    x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)
     pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
     return ((g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
 
@@ -408,11 +410,18 @@ class BertSelfAttention(nn.Module):
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
         init = _init(c)
 
-        def project(name):  # -> [B, N, L, H]: heads-major, so the attention matmuls need no transpose
+        batch, length = x.shape[:2]
+        tokens = x.reshape(batch * length, d).astype(dtype)  # [B*L, D]
+
+        # Projections are plain 2-D matmuls over the flattened tokens with the [D, N, H] kernels viewed
+        # as [D, N*H] (a free reshape), then one transpose to heads-major [B, N, L, H]. Written as one
+        # einsum "bld,dnh->bnlh", XLA CPU instead copied transposed kernels and activations around every
+        # projection (several hundred ms of copies in a BERT-Base train step).
+        def project(name):  # -> [B, N, L, H]
             kernel = _param(self, f"{name}_kernel", init, (d, n, h), ("embed", "heads", "kv"))
             bias = _param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
-            y = jnp.einsum("bld,dnh->bnlh", x.astype(dtype), kernel.astype(dtype))
-            y = y + bias.astype(dtype)[None, :, None, :]
+            y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype)) + bias.reshape(n * h).astype(dtype)
+            y = y.reshape(batch, length, n, h).transpose(0, 2, 1, 3)
             return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv"))
 
         query, key, value = project("query"), project("key"), project("value")
@@ -424,9 +433,11 @@ class BertSelfAttention(nn.Module):
         probs = Dropout(c.attention_probs_dropout_prob)(probs, deterministic=self.deterministic)
         context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
         context = nn.with_logical_constraint(context, ("batch", "heads", "length", "kv"))
+        context = context.transpose(0, 2, 1, 3).reshape(batch * length, n * h)  # [B*L, N*H]
         out_kernel = _param(self, "output_kernel", init, (n, h, d), ("heads", "kv", "embed"))
         out_bias = _param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
-        out = jnp.einsum("bnlh,nhd->bld", context, out_kernel.astype(dtype)) + out_bias.astype(dtype)
+        out = jnp.dot(context, out_kernel.reshape(n * h, d).astype(dtype)) + out_bias.astype(dtype)
+        out = out.reshape(batch, length, d)
         return out  # [B, L, D]
 
 
