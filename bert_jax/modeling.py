@@ -246,18 +246,33 @@ def _param(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...],
                         jnp.dtype(module.config.param_dtype))
 
 
-def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-    """LayerNorm over `embed`, float32 statistics, exact two-pass variance (as PyTorch)."""
-    return nn.LayerNorm(
-        epsilon=config.layer_norm_eps,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype),
-        use_fast_variance=False,
-        force_float32_reductions=True,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        name=name,
-    )
+class LayerNorm(nn.Module):
+    """LayerNorm over the last axis (`embed`), with parameters `scale` [D] and `bias` [D].
+
+    y = (x - mean) / sqrt(var + layer_norm_eps) * scale + bias, statistics in float32 with the exact
+    two-pass variance (as torch.nn.LayerNorm and the original's tf.contrib LayerNorm); x [..., D] in any
+    dtype -> y [..., D] in config.dtype. Why not `flax.linen.LayerNorm` (same formula, same parameter
+    names): on XLA CPU its gradient materialised the scale broadcast to [B, L, D] in every layer, and the
+    train step ran 4.7% (mini) and 2.8% (BERT-Base) slower with it (in-process A/B, medians of
+    alternating windows).
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        features = x.shape[-1]
+        scale = _param(self, "scale", nn.initializers.ones, (features,), ("embed",))
+        bias = _param(self, "bias", nn.initializers.zeros, (features,), ("embed",))
+        x32 = x.astype(jnp.float32)
+        centred = x32 - x32.mean(axis=-1, keepdims=True)
+        variance = (centred * centred).mean(axis=-1, keepdims=True)
+        y = centred * jax.lax.rsqrt(variance + self.config.layer_norm_eps)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(jnp.dtype(self.config.dtype))
+
+
+def _layer_norm(config: BertConfig, name: str) -> LayerNorm:
+    return LayerNorm(config, name=name)
 
 
 class Dense(nn.Module):

@@ -322,3 +322,37 @@ def test_gelu_and_its_gradient_equal_autodiff_of_the_erf_formula(dtype):
         t = torch.tensor(x32, requires_grad=True)
         torch.nn.functional.gelu(t).backward(torch.tensor(np.asarray(weight)))
         np.testing.assert_allclose(np.asarray(grad), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_and_its_gradients_equal_torch_layer_norm(dtype):
+    """Our LayerNorm (values, and gradients for the input, scale and bias) against
+    torch.nn.functional.layer_norm in float64 on rows whose mean is large next to their spread (where a
+    one-pass variance would lose digits), with the eps of BERT's config; bfloat16 input gives bfloat16 output."""
+    import torch
+
+    config = modeling.BertConfig(dtype=dtype, layer_norm_eps=1e-12)
+    rng = np.random.default_rng(0)
+    x64 = rng.normal(0.0, 0.5, size=(6, 5, 48)) + rng.normal(0, 8, size=(6, 5, 1))
+    scale64, bias64 = rng.normal(1, 0.1, 48), rng.normal(0, 0.1, 48)
+    cotangent = rng.normal(size=x64.shape)
+    module = modeling.LayerNorm(config)
+    params = {"scale": jnp.asarray(scale64, jnp.float32), "bias": jnp.asarray(bias64, jnp.float32)}
+    x = jnp.asarray(x64, jnp.dtype(dtype))
+
+    def loss(params, x):
+        y = module.apply({"params": params}, x)
+        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(cotangent, jnp.float32)), y
+
+    (_, y), (dparams, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    assert y.dtype == x.dtype and dx.dtype == x.dtype
+    t = torch.tensor(np.asarray(x.astype(jnp.float32), np.float64), requires_grad=True)
+    ts, tb = torch.tensor(scale64, requires_grad=True), torch.tensor(bias64, requires_grad=True)
+    ref = torch.nn.functional.layer_norm(t, (48,), ts, tb, eps=1e-12)
+    ref.backward(torch.tensor(cotangent))
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(y, np.float32), ref.detach().numpy(), **tol)
+    np.testing.assert_allclose(np.asarray(dx, np.float32), t.grad.numpy(), **tol)
+    grad_tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=5e-2, atol=5e-1)
+    np.testing.assert_allclose(np.asarray(dparams["scale"]), ts.grad.numpy(), **grad_tol)
+    np.testing.assert_allclose(np.asarray(dparams["bias"]), tb.grad.numpy(), **grad_tol)
