@@ -8,8 +8,8 @@ labels at the same 20 positions, torch.optim.AdamW, torch threads = the machine'
 alternating windows so that both see the same load (this machine's speed drifts by 10-20% over
 minutes): the printed rates are medians over the windows and the ratio is the median of the
 per-window ratios. MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling
-measured in the same run (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and
-for information over jnp.dot's alone.
+measured in the same window (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and
+for information over jnp.dot's alone; medians over the windows.
 
 Bars (issue 4): ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
 MFU >= 60% on base.
@@ -104,28 +104,38 @@ def make_peer(config, batch):
     return run
 
 
-def compare(config, batch, rounds, steps):
-    """Alternates `rounds` windows of `steps` steps of ours and of the peer (after two warm-up steps
-    each), so that both see the same machine load -> (median s/step ours, peer, median per-round ratio)."""
+def compare(config, batch, rounds, steps, model_flops):
+    """Alternates `rounds` windows of: the matmul ceiling, `steps` steps of ours, `steps` steps of the peer
+    (after two warm-up steps each), so that all three see the same machine load.
+
+    Returns medians over the windows: (s/step ours, s/step peer, peer/ours ratio, MFU against the best
+    ceiling, MFU against jnp.dot's ceiling, best ceiling in FLOP/s); ratio and MFU are computed per window.
+    """
     ours, peer = make_ours(config, batch), make_peer(config, batch)
     ours(2), peer(2)
-    t_ours, t_peer = [], []
+    windows = []
     for _ in range(rounds):
-        t_ours.append(ours(steps))
-        t_peer.append(peer(steps))
-    ratios = [p / o for o, p in zip(t_ours, t_peer)]
-    return statistics.median(t_ours), statistics.median(t_peer), statistics.median(ratios)
+        ceiling, jax_rate, _ = matmul_ceiling()
+        t_ours, t_peer = ours(steps), peer(steps)
+        windows.append((t_ours, t_peer, t_peer / t_ours, model_flops / t_ours / ceiling,
+                        model_flops / t_ours / jax_rate, ceiling))
+    return tuple(statistics.median(column) for column in zip(*windows))
 
 
-def matmul_ceiling(n=2048, repeats=10):
+@jax.jit
+def _square(x):
+    return x @ x
+
+
+def matmul_ceiling(n=2048, repeats=5):
+    """float32 n x n matmul rates -> (best, jnp.dot, torch.matmul) in FLOP/s."""
     import torch
 
     a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
+    _square(a).block_until_ready()
     start = time.perf_counter()
     for _ in range(repeats):
-        out = f(a)
+        out = _square(a)
     out.block_until_ready()
     jax_rate = 2 * n**3 * repeats / (time.perf_counter() - start)
     t = torch.ones(n, n)
@@ -143,19 +153,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="alternating windows of ours and the peer")
     parser.add_argument("--steps", type=int, default=3, help="steps per window")
     args = parser.parse_args()
-    ceiling, jax_rate, torch_rate = matmul_ceiling()
-    print(f"matmul ceiling: {ceiling / 1e9:.1f} GFLOP/s (jnp.dot {jax_rate / 1e9:.1f}, torch {torch_rate / 1e9:.1f}), "
-          f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores")
-    print(f"{'size':<6}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}{'MFU/jnp.dot':>13}")
+    print(f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores")
+    print(f"{'size':<6}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}{'MFU/jnp.dot':>13}"
+          f"{'ceiling GFLOP/s':>17}")
     for name in args.sizes.split(","):
         size, batch_size = SIZES[name]
         config = pretrain.get_config(size)
         batch = make_batch(batch_size, config.model.vocab_size)
-        ours, peer, ratio = compare(config, batch, args.rounds, args.steps)
         model_flops = flops.train_flops_per_step(modeling.BertConfig.from_dict(config.model), batch_size, LENGTH,
                                                  PREDICTIONS)
+        ours, peer, ratio, mfu, mfu_jax, ceiling = compare(config, batch, args.rounds, args.steps, model_flops)
         print(f"{name:<6}{batch_size:>6}{batch_size / ours:>12.2f}{batch_size / peer:>12.2f}{ratio:>7.2f}x"
-              f"{model_flops / ours / ceiling:>7.0%}{model_flops / ours / jax_rate:>13.0%}", flush=True)
+              f"{mfu:>7.0%}{mfu_jax:>13.0%}{ceiling / 1e9:>17.1f}", flush=True)
 
 
 if __name__ == "__main__":
