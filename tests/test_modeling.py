@@ -356,3 +356,27 @@ def test_layer_norm_and_its_gradients_equal_torch_layer_norm(dtype):
     grad_tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=5e-2, atol=5e-1)
     np.testing.assert_allclose(np.asarray(dparams["scale"]), ts.grad.numpy(), **grad_tol)
     np.testing.assert_allclose(np.asarray(dparams["bias"]), tb.grad.numpy(), **grad_tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dense_transposed_input_grad_equals_autodiff_of_the_plain_form(dtype):
+    """Value and the x / kernel / bias gradients of the hand-written form against autodiff of
+    x @ kernel + bias, on a [B, L, D_in] input (the feed-forward shape, D_out = 4 D_in)."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(3, 5, 8)), jnp.dtype(dtype))
+    kernel = jnp.asarray(rng.normal(size=(8, 32)), jnp.dtype(dtype))
+    bias = jnp.asarray(rng.normal(size=(32,)), jnp.dtype(dtype))
+    cotangent = jnp.asarray(rng.normal(size=(3, 5, 32)), jnp.float32)
+
+    def loss(f):
+        return lambda x, k, b: jnp.sum(f(x, k, b).astype(jnp.float32) * cotangent)
+
+    plain = lambda x, k, b: jnp.dot(x, k) + b
+    ours = jax.grad(loss(modeling.dense_transposed_input_grad), argnums=(0, 1, 2))(x, kernel, bias)
+    ref = jax.grad(loss(plain), argnums=(0, 1, 2))(x, kernel, bias)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(np.asarray(modeling.dense_transposed_input_grad(x, kernel, bias), np.float32),
+                               np.asarray(plain(x, kernel, bias), np.float32), **tol)
+    for name, a, b in zip(("x", "kernel", "bias"), ours, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
