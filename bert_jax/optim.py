@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
@@ -47,6 +48,28 @@ def weight_decay_mask(params: Any) -> Any:
     return traverse_util.unflatten_dict(mask)
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Scale every update by max_norm / max(global_norm, max_norm): the original's
+    `tf.clip_by_global_norm(grads, clip_norm=1.0)` (google-research/bert `optimization.py`).
+
+    Same result as `optax.clip_by_global_norm` (identical when the norm is below max_norm, within an
+    ulp above it), written as one float32 scalar factor times each leaf. optax selects between the leaf
+    and leaf / norm * max_norm; XLA then writes the divided leaf out in full for its two readers (Adam's
+    first and second moments), and the AdamW update of BERT-Base took 304 ms against 173 ms this way
+    on the 2-core CPU (`benchmarks/optimizer_update.py`). A non-finite norm gives non-finite updates,
+    which the training loop reports.
+    """
+    if max_norm <= 0:
+        raise ValueError(f"max_norm={max_norm} must be positive")
+
+    def update_fn(updates, state, params=None):
+        del params
+        factor = max_norm / jnp.maximum(optax.tree.norm(updates), max_norm)
+        return jax.tree_util.tree_map(lambda t: t * factor.astype(t.dtype), updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def create_optimizer(*, learning_rate: float = 1e-4, warmup_steps: int = 10_000, total_steps: int = 1_000_000,
                      optimizer: str = "adamw", weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
                      eps: float = 1e-6, max_grad_norm: float = 1.0,
@@ -66,7 +89,7 @@ def create_optimizer(*, learning_rate: float = 1e-4, warmup_steps: int = 10_000,
         core = optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask)
     else:
         raise ValueError(f"optimizer {optimizer!r} is not 'adamw' or 'lamb'")
-    tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), core) if max_grad_norm else core
+    tx = optax.chain(clip_by_global_norm(max_grad_norm), core) if max_grad_norm else core
     if grad_accum_steps < 1:
         raise ValueError(f"grad_accum_steps={grad_accum_steps} must be at least 1")
     if grad_accum_steps > 1:
