@@ -57,7 +57,7 @@ def main():
     args = parser.parse_args()
     config = pretrain.get_config(args.size)
     model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
+    tx, schedule = train.create_optimizer(config)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     abstract, _ = train.state_shardings(model, tx, mesh)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 1000))
@@ -65,7 +65,6 @@ def main():
     grads = jax.tree_util.tree_map(lambda s: jax.random.normal(next(key), s.shape, s.dtype), abstract.params)
     size = sum(x.size for x in jax.tree_util.tree_leaves(params))
 
-    _, schedule = train.create_optimizer(config)
     core = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
                        weight_decay=config.weight_decay, mask=optim.weight_decay_mask)
     peer_tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), core)
