@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
-from bert_jax import optim, sharding, train  # noqa: E402
+from bert_jax import sharding, train  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def main():
     args = parser.parse_args()
     config = pretrain.get_config(args.size)
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, _ = train.create_optimizer(config)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     abstract, _ = train.state_shardings(model, tx, mesh)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 1000))
@@ -65,8 +65,9 @@ def main():
     grads = jax.tree_util.tree_map(lambda s: jax.random.normal(next(key), s.shape, s.dtype), abstract.params)
     size = sum(x.size for x in jax.tree_util.tree_leaves(params))
 
-    core = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                       weight_decay=config.weight_decay, mask=optim.weight_decay_mask)
+    unclipped = config.copy_and_resolve_references()
+    unclipped.max_grad_norm = 0.0  # create_optimizer then returns the AdamW core alone
+    core, _ = train.create_optimizer(unclipped)
     peer_tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), core)
     ours, peer = make_update(tx, params, grads), make_update(peer_tx, params, grads)
     ours(2), peer(2)
