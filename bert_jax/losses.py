@@ -118,27 +118,34 @@ def _ratio(pair: tuple[Array, Array]) -> Array:
     return total / jnp.maximum(count, 1e-12)
 
 
-def pretraining_loss(mlm_logits: Array, nsp_logits: Array,
-                     batch: Mapping[str, Array]) -> tuple[Array, dict[str, Array]]:
+def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, Array],
+                     denominators: tuple[Array, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """Total pre-training loss = mean masked-LM loss + mean next-sentence loss (paper, appendix A.2).
 
     Args:
       mlm_logits: [B, P, V]; nsp_logits: [B, 2] (from `BertForPreTraining`).
       batch: mapping with masked_lm_ids int32 [B, P], masked_lm_weights float32 [B, P] and
         next_sentence_labels int32 [B].
+      denominators: (sum of masked_lm_weights, number of sequences), float32 scalars, of a larger batch
+        that this one is a micro-batch of; default this batch's own. With them, the losses and
+        accuracies of the micro-batches add up to those of the whole batch (gradient accumulation that
+        equals one big batch even when micro-batches hold different numbers of predictions).
 
     Returns:
       (loss float32 scalar, metrics) where metrics holds float32 scalars `mlm_loss`, `mlm_accuracy`,
-      `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of masked_lm_weights).
+      `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of this batch's masked_lm_weights).
     """
     mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
-    mlm_loss, nsp_loss = _ratio(mlm), _ratio(nsp)
+    mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    nsp_correct = next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"])
+    mlm_count, nsp_count = denominators if denominators is not None else (mlm[1], nsp[1])
+    mlm_loss, nsp_loss = _ratio((mlm[0], mlm_count)), _ratio((nsp[0], nsp_count))
     metrics = {
         "mlm_loss": mlm_loss,
-        "mlm_accuracy": _ratio(masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])),
+        "mlm_accuracy": _ratio((mlm_correct[0], mlm_count)),
         "nsp_loss": nsp_loss,
-        "nsp_accuracy": _ratio(next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"])),
+        "nsp_accuracy": _ratio((nsp_correct[0], nsp_count)),
         "num_predictions": mlm[1],
     }
     return mlm_loss + nsp_loss, metrics

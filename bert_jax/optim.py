@@ -1,4 +1,4 @@
-"""The paper's optimizer on optax: AdamW with linear warmup and linear decay, clipping, accumulation.
+"""The paper's optimizer on optax: AdamW with linear warmup and linear decay, and clipping.
 
 Paper (Devlin et al. 2018, appendix A.2) and google-research/bert `optimization.py`: Adam with
 lr 1e-4, beta1 0.9, beta2 0.999, epsilon 1e-6, L2 weight decay 0.01 decoupled from the gradient
@@ -7,8 +7,9 @@ steps then linear decay to 0, gradients clipped to global norm 1.0. One differen
 NVIDIA: optax's Adam applies bias correction, which the original's AdamWeightDecayOptimizer omits.
 
 LAMB (You et al. 2019, for batches of 32k and more) is available as `optimizer="lamb"`, with the same
-schedule, mask and clipping. `grad_accum_steps > 1` wraps the chain in `optax.MultiSteps`: the update is
-applied every `grad_accum_steps` micro-steps with the mean gradient.
+schedule, mask and clipping. Gradient accumulation is not an optimizer wrapper here: `train.train_step`
+sums the micro-batch gradients inside one compiled step, so there is one optimizer (and schedule) step
+per training step.
 """
 
 from __future__ import annotations
@@ -76,15 +77,14 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
 def create_optimizer(*, learning_rate: float = 1e-4, warmup_steps: int = 10_000, total_steps: int = 1_000_000,
                      optimizer: str = "adamw", weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-                     eps: float = 1e-6, max_grad_norm: float = 1.0,
-                     grad_accum_steps: int = 1) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                     eps: float = 1e-6, max_grad_norm: float = 1.0) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The pre-training optimizer (defaults: the paper's BERT-Base recipe).
 
     Returns:
       (transformation, schedule); `schedule(step)` is the learning rate at an optimizer step.
 
     Raises:
-      ValueError: unknown optimizer name, grad_accum_steps < 1, or a bad schedule.
+      ValueError: unknown optimizer name, a bad schedule, or a negative max_grad_norm.
     """
     schedule = learning_rate_schedule(learning_rate, warmup_steps, total_steps)
     if optimizer == "adamw":
@@ -93,11 +93,9 @@ def create_optimizer(*, learning_rate: float = 1e-4, warmup_steps: int = 10_000,
         core = optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask)
     else:
         raise ValueError(f"optimizer {optimizer!r} is not 'adamw' or 'lamb'")
+    if max_grad_norm < 0:
+        raise ValueError(f"max_grad_norm={max_grad_norm} must be positive, or 0 for no clipping")
     tx = optax.chain(clip_by_global_norm(max_grad_norm), core) if max_grad_norm else core
-    if grad_accum_steps < 1:
-        raise ValueError(f"grad_accum_steps={grad_accum_steps} must be at least 1")
-    if grad_accum_steps > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps)
     return tx, schedule
 
 

@@ -113,6 +113,8 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
     """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
+    if config.grad_accum_steps < 1:
+        raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be at least 1")
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
         if p.batch_size % config.grad_accum_steps or \
@@ -184,10 +186,10 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
     return state, shardings
 
 
-def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool):
+def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool, denominators=None):
     out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                       batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
-    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch)
+    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators)
 
 
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,
@@ -195,11 +197,13 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
     """One optimizer step (pure). batch: the standard fields, global [B, ...] arrays.
 
     With grad_accum_steps = k > 1 the batch is split into k micro-batches of B / k rows, run one after
-    the other (`lax.scan`, so activations of one micro-batch at a time), and the update uses the mean
-    gradient: one optimizer (and schedule) step per call whatever k.
+    the other (`lax.scan`, so activations of one micro-batch at a time). Each micro-batch's losses are
+    normalised by the whole batch's prediction and sequence counts, so the summed gradient and metrics
+    equal those of the whole batch at once (dropout aside), even when the micro-batches hold different
+    numbers of masked positions. One optimizer (and schedule) step per call whatever k.
 
     Returns the new state and float32 scalar metrics: loss, mlm_loss, mlm_accuracy, nsp_loss,
-    nsp_accuracy, num_predictions, grad_norm, learning_rate (micro-batch metrics are averaged).
+    nsp_accuracy, num_predictions, grad_norm, learning_rate.
     """
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     grad_fn = jax.value_and_grad(_loss_and_metrics, has_aux=True)
@@ -207,24 +211,23 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
         if grad_accum_steps == 1:
             (loss, metrics), grads = grad_fn(state.params, model, batch, dropout_rng, False)
         else:
+            denominators = (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
+                            jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32))
             micro = jax.tree_util.tree_map(
                 lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]), batch)
 
             def accumulate(carry, inputs):
                 i, micro_batch = inputs
                 (loss, metrics), grads = grad_fn(state.params, model, micro_batch,
-                                                 jax.random.fold_in(dropout_rng, i), False)
+                                                 jax.random.fold_in(dropout_rng, i), False, denominators)
                 return jax.tree_util.tree_map(jnp.add, carry, (grads, dict(metrics, loss=loss))), None
 
             zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
             shapes = jax.eval_shape(lambda: grad_fn(state.params, model, jax.tree_util.tree_map(lambda x: x[0], micro),
-                                                    dropout_rng, False))
+                                                    dropout_rng, False, denominators))
             zero_metrics = {k: jnp.zeros((), jnp.float32) for k in dict(shapes[0][1], loss=None)}
-            (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_metrics),
-                                            (jnp.arange(grad_accum_steps), micro))
-            grads = jax.tree_util.tree_map(lambda g: g / grad_accum_steps, grads)
-            metrics = {k: v / grad_accum_steps for k, v in sums.items()}
-            metrics["num_predictions"] = sums["num_predictions"]
+            (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics),
+                                               (jnp.arange(grad_accum_steps), micro))
             loss = metrics.pop("loss")
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
