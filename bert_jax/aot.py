@@ -75,14 +75,21 @@ def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, in
 
 
 def report(config, topology_name: str) -> bool:
-    """Prints the per-phase table; True when every phase fits in HBM."""
+    """Prints the per-phase table; True when every phase fits in HBM.
+
+    Raises:
+      ValueError: (one line) an unknown config.mesh.preset, a mesh that does not fit the topology's
+        devices, or a bad model / phase config.
+    """
     from jax.experimental import topologies
 
     chip = TOPOLOGIES[topology_name]
-    devices = topologies.get_topology_desc(topology_name=chip.topology, platform="tpu").devices
-    mesh_shape = sharding.mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, len(devices))
     if config.mesh.preset:
-        mesh_shape = sharding.mesh_shape(*sharding.MESH_PRESETS[config.mesh.preset], len(devices))
+        sizes = sharding.preset_sizes(config.mesh.preset)  # before loading libtpu: an unknown name fails fast
+    else:
+        sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    devices = topologies.get_topology_desc(topology_name=chip.topology, platform="tpu").devices
+    mesh_shape = sharding.mesh_shape(*sizes, len(devices))
     phases = train.resolve_phases(config)
     bert = train.create_model(config).config
     print(f"{topology_name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
@@ -114,8 +121,10 @@ def report(config, topology_name: str) -> bool:
 
 
 def main(argv):
-    del argv
-    from absl import flags
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
 
     f = flags.FLAGS
     if f.topology not in TOPOLOGIES:

@@ -123,7 +123,8 @@ class BertConfig:
 
     Raises:
       ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
-        hidden_act or remat_policy, or a non-positive size.
+        hidden_act or remat_policy, a dtype or param_dtype that is not a floating-point dtype name,
+        or a non-positive size.
     """
 
     vocab_size: int = 30522
@@ -158,7 +159,14 @@ class BertConfig:
             raise ValueError(
                 f"BertConfig.remat_policy={self.remat_policy!r} is not one of {sorted(_REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
-            jnp.dtype(getattr(self, name))  # raises TypeError on an unknown dtype name
+            value = getattr(self, name)
+            try:
+                floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
+            except TypeError:  # an unknown dtype name
+                floating = False
+            if not isinstance(value, str) or not floating:
+                raise ValueError(f"BertConfig.{name}={value!r} is not a floating-point dtype name "
+                                 "(e.g. 'float32', 'bfloat16')")
 
     @property
     def head_size(self) -> int:

@@ -98,11 +98,21 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
     return Mesh(grid, MESH_AXES)
 
 
-def preset_mesh(name: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The mesh of a preset (see MESH_PRESETS); ValueError naming the preset when it does not fit."""
+def preset_sizes(name: str) -> tuple[int, int, int]:
+    """The (data, fsdp, tensor) sizes of a MESH_PRESETS name (-1 = all remaining devices).
+
+    Raises:
+      ValueError: (one line) `name` is not a preset, listing the known ones.
+    """
     if name not in MESH_PRESETS:
         raise ValueError(f"mesh preset {name!r} is not one of {sorted(MESH_PRESETS)}")
-    return make_mesh(*MESH_PRESETS[name], devices=devices)
+    return MESH_PRESETS[name]
+
+
+def preset_mesh(name: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh of a preset (see MESH_PRESETS); ValueError naming the preset when it is unknown or
+    does not fit the devices."""
+    return make_mesh(*preset_sizes(name), devices=devices)
 
 
 def batch_axis_size(mesh: Mesh) -> int:

@@ -3,7 +3,7 @@
   python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
 
-Design (shared/STYLE.md): the state is built sharded without ever existing unsharded
+Design: the state is built sharded without ever existing unsharded
 (`jax.eval_shape` -> logical partition specs -> `jax.jit(init, out_shardings=...)`); `train_step` is a
 pure module-level function compiled once per phase with `in_shardings`, `out_shardings` and
 `donate_argnums`; dropout keys are `fold_in(rng, step)`, so a resumed run draws the same masks.
@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, flops, losses, modeling, optim, sharding, storage, summaries
+from bert_jax import checkpointing, distributed, flops, losses, modeling, optim, sharding, storage, summaries
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -126,20 +126,39 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
             raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by the "
                              f"{jax.process_count()} processes")
         if need_data:
-            meta_file = storage.join(p.data_dir, "metadata.json")
-            if not storage.is_file(meta_file):
-                raise FileNotFoundError(f"config.phases[{p.index}].data_dir={p.data_dir!r}: no metadata.json "
-                                        "(run python -m bert_jax.data.create_pretraining_data first)")
-            flags = storage.read_json(meta_file)["flags"]
-            if (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (p.max_seq_length,
-                                                                               p.max_predictions_per_seq):
-                raise ValueError(f"config.phases[{p.index}] wants length {p.max_seq_length} / {p.max_predictions_per_seq} "
-                                 f"predictions but {p.data_dir} holds {flags['max_seq_length']} / "
-                                 f"{flags['max_predictions_per_seq']}")
-            if flags.get("vocab_size", config.model.vocab_size) > config.model.vocab_size:
-                raise ValueError(f"{p.data_dir}: vocabulary of {flags['vocab_size']} tokens exceeds "
-                                 f"config.model.vocab_size={config.model.vocab_size}")
+            _check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
+                        p.max_predictions_per_seq)
+    if need_data and config.eval_data_dir:
+        meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
+        length = meta["flags"]["max_seq_length"]
+        if length > config.model.max_position_embeddings:
+            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds length {length}, over "
+                             f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
+        smallest = min(p.batch_size for p in phases)
+        if meta["num_instances"] < smallest:
+            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds {meta['num_instances']} "
+                             f"instances, fewer than one batch of {smallest}")
     return phases
+
+
+def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = None,
+                max_predictions_per_seq: int | None = None) -> dict:
+    """The metadata.json of the instance directory in config `field`, checked against the config: its
+    length and predictions (when given) and its vocabulary size. One-line FileNotFoundError / ValueError."""
+    meta_file = storage.join(data_dir, "metadata.json")
+    if not storage.is_file(meta_file):
+        raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
+                                "(run python -m bert_jax.data.create_pretraining_data first)")
+    meta = storage.read_json(meta_file)
+    flags = meta["flags"]
+    if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (
+            max_seq_length, max_predictions_per_seq):
+        raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
+                         f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
+    if meta.get("vocab_size", 0) > config.model.vocab_size:
+        raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
+                         f"config.model.vocab_size={config.model.vocab_size}")
+    return meta
 
 
 # ----------------------------------------------------------------------------- state and steps
@@ -270,21 +289,29 @@ def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh,
 
 
 class _Preemption:
-    """SIGTERM -> a flag checked at step boundaries."""
+    """SIGTERM -> a flag checked at step boundaries, in a single-process run.
+
+    With several processes the handler is left to JAX: `jax.distributed.initialize` installs the
+    preemption notifier that Orbax's `reached_preemption` consults, and a Python handler would replace it.
+    """
 
     def __init__(self):
         self.requested = False
         self._previous = None
+        self._installed = False
 
     def __enter__(self):
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
         return self
 
     def _handle(self, signum, frame):
         self.requested = True
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
 
 
 def _iterator(phase: Phase, config, state: dict | None):
@@ -319,6 +346,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       ValueError / FileNotFoundError: bad config, mesh or data (before compiling).
       FloatingPointError: a non-finite loss, naming the step.
     """
+    with _Preemption() as preemption:  # from the start: a SIGTERM during restore or compilation counts too
+        return _train(config, workdir, max_steps, preemption)
+
+
+def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
     mesh = make_mesh(config)
     phases = validate(config, mesh)
     model = create_model(config)
@@ -335,6 +367,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         data_state = None
     else:
         state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))
+        if is_main:
+            print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
     step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
     writer = summaries.open_writer(workdir, is_main)
     final_step = min(config.total_steps, max_steps or config.total_steps)
@@ -355,9 +389,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     progress = summaries.progress_bar(start_step, final_step, is_main, "pre-training")
     pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
     window_start, window_steps = time.perf_counter(), 0
+    step = start_step
     try:
-        with jax.set_mesh(mesh), _Preemption() as preemption:
-            step = start_step
+        with jax.set_mesh(mesh):
             while step < final_step:
                 if step == phase.end:  # phase switch: checkpoint, then the next phase's data
                     _check_finite(pending)
@@ -372,6 +406,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 step += 1
                 window_steps += 1
                 progress.update(1)
+                if step == start_step + 1 and step % config.log_every and step != final_step:
+                    # The first step of a process includes compilation: time the throughput from here.
+                    jax.block_until_ready(state)
+                    window_start, window_steps = time.perf_counter(), 0
                 if step % config.log_every == 0 or step == final_step:
                     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     _check_finite((step - 1, values))
@@ -428,7 +466,7 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
     totals: dict[str, float] = {}
     n = 0
     for local in it:
-        if n == config.eval_batches or local["input_ids"].shape[1] > config.model.max_position_embeddings:
+        if n == config.eval_batches:
             break
         for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items():
             totals[k] = totals.get(k, 0.0) + float(v)
@@ -438,19 +476,15 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
 
 
 def main(argv):
-    del argv
-    from absl import flags, logging
+    from absl import app, flags, logging
 
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     f = flags.FLAGS
-    if f.jax_distributed or f.coordinator_address:
-        # On a TPU VM pod every argument is found automatically; elsewhere they come from the flags.
-        jax.distributed.initialize(coordinator_address=f.coordinator_address, num_processes=f.num_processes,
-                                   process_id=f.process_id)
-    config = f.config
-    workdir = f.workdir
     try:
-        metrics = train_and_evaluate(config, workdir, max_steps=flags.FLAGS.max_steps)
+        distributed.initialize_from_flags()
+        metrics = train_and_evaluate(f.config, f.workdir, max_steps=f.max_steps)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         raise SystemExit(f"train: {e}") from None
     if jax.process_index() == 0:
@@ -465,10 +499,7 @@ def _define_flags():
     config_flags.DEFINE_config_file("config", None, "Pre-training config file, e.g. configs/pretrain.py:tiny.")
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints and TensorBoard summaries.")
     flags.DEFINE_integer("max_steps", None, "Stop after this step (default: config.total_steps).")
-    flags.DEFINE_bool("jax_distributed", False, "Call jax.distributed.initialize() (multi-host; auto on TPU pods).")
-    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for clusters other than TPU pods.")
-    flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
-    flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+    distributed.define_flags()
     flags.mark_flags_as_required(["config", "workdir"])
 
 

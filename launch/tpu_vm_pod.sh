@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs bert_jax on a Cloud TPU VM pod: create the TPU VM, install the project on every worker, start
-# pre-training (or another entry point) on all workers with a gs:// workdir, stream worker 0's log,
-# and optionally delete the TPU VM at the end. --dry_run prints every command instead of running it.
+# pre-training (or another entry point) on all workers with a gs:// workdir, stream worker 0's log
+# until its process exits, and with --delete delete the TPU VM when the script ends (training done,
+# a failed step, or Ctrl-C / SIGTERM). --dry_run prints every command instead of running it.
 #
 #   launch/tpu_vm_pod.sh --name bert-base --zone europe-west4-a --accelerator_type v3-32 \
 #       --workdir gs://my-bucket/bert-base -- --config configs/pretrain.py:base \
@@ -43,6 +44,11 @@ run() {  # prints the command; runs it unless --dry_run
   printf '+'; printf ' %q' "$@"; printf '\n'
   if [[ $DRY_RUN == 0 ]]; then "$@"; fi
 }
+WAITING=""
+run_waiting() {  # as run, but in the background while the script waits, so that INT / TERM act at once
+  printf '+'; printf ' %q' "$@"; printf '\n'
+  if [[ $DRY_RUN == 0 ]]; then "$@" & WAITING=$!; wait "$WAITING"; WAITING=""; fi
+}
 
 TPU=(gcloud compute tpus tpu-vm)
 ENTRY_ARGS=$(printf ' %q' --workdir "$WORKDIR" "$@")
@@ -51,18 +57,33 @@ SRC="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ $CREATE == 1 ]]; then
   run "${TPU[@]}" create "$NAME" --zone "$ZONE" --accelerator-type "$ACCELERATOR" --version "$RUNTIME"
 fi
+if [[ $DELETE == 1 ]]; then
+  # From here on, however the script ends, the VM goes (and the training on it): EXIT runs on success
+  # and on errors (set -e); INT and TERM exit through it.
+  delete_vm() {
+    if [[ -n $WAITING ]]; then kill "$WAITING" 2>/dev/null || true; fi
+    run "${TPU[@]}" delete "$NAME" --zone "$ZONE" --quiet
+  }
+  trap delete_vm EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+fi
 # The working tree (without .venv, caches or data) to every worker, then the install.
 run tar --exclude=.venv --exclude=.git --exclude='*.egg-info' --exclude=__pycache__ -czf /tmp/bert_jax_src.tgz \
   -C "$SRC" .
 run "${TPU[@]}" scp /tmp/bert_jax_src.tgz "$NAME:~/" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
   "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && \$(command -v python3.11 || command -v python3) -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
-# Every worker runs the same program; jax.distributed finds the pod's other hosts itself.
+# Every worker runs the same program; jax.distributed finds the pod's other hosts itself. Each worker
+# keeps the process id in run.pid.
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
-  "cd $PROJECT_DIR && nohup .venv/bin/python -m $MODULE --jax_distributed$ENTRY_ARGS > run.log 2>&1 &"
+  "cd $PROJECT_DIR && { nohup .venv/bin/python -m $MODULE --jax_distributed$ENTRY_ARGS > run.log 2>&1 & echo \$! > run.pid; }"
+# Worker 0's log until its process exits (tail --pid); with --delete and --no_follow, the same wait
+# without the log.
 if [[ $FOLLOW == 1 ]]; then
-  run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=0 --command "tail -n +1 -F $PROJECT_DIR/run.log"
-fi
-if [[ $DELETE == 1 ]]; then
-  run "${TPU[@]}" delete "$NAME" --zone "$ZONE" --quiet
+  run_waiting "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=0 --command \
+    "cd $PROJECT_DIR && tail -n +1 -F --pid=\$(cat run.pid) run.log"
+elif [[ $DELETE == 1 ]]; then
+  run_waiting "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=0 --command \
+    "cd $PROJECT_DIR && while kill -0 \$(cat run.pid) 2>/dev/null; do sleep 60; done"
 fi

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from bert_jax import sharding
 from conftest import ROOT
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]')")
@@ -31,6 +32,18 @@ def test_unknown_topology_is_one_line():
                              "--topology", "v9-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "--topology 'v9-1' is not one of" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_unknown_mesh_preset_and_positional_arguments_are_one_line():
+    base = [sys.executable, "-m", "bert_jax.aot", "--config", "configs/pretrain.py:tiny", "--topology", "v3-8"]
+    result = subprocess.run(base + ["--config.mesh.preset=v9-1"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"aot: mesh preset 'v9-1' is not one of {sorted(sharding.MESH_PRESETS)}")
+    result = subprocess.run(base + ["stray"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "unexpected arguments ['stray']"
 
 
 def test_pod_presets_cover_their_topologies():

@@ -113,6 +113,25 @@ def test_bad_init_checkpoint_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("task", ["glue", "squad"])
+def test_vocabulary_larger_than_the_model_is_one_line(task, data_dir, tmp_path):
+    """bert-base-uncased's 30522 tokens cannot index a 1000-row embedding: both jobs stop before training."""
+    if task == "glue":
+        config, run = glue_config.get_config("mrpc"), glue_task.run
+        config.data_dir = str(data_dir / "glue" / "MRPC")
+    else:
+        config, run = squad_config.get_config("tiny"), squad_task.run
+        config.train_file = str(data_dir / "squad" / "train-v1.1-subset-44articles.json")
+    config.model = pretrain.model_config("tiny")
+    config.model.vocab_size = 1000
+    vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
+    config.vocab_file = str(vocab)
+    with pytest.raises(ValueError, match=f"vocabulary {vocab} has 30522 tokens, more than the model's "
+                                         "vocab_size 1000") as e:
+        run(config, str(tmp_path / "run"))
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
 def test_squad_finetunes_from_a_bert_jax_checkpoint(pretrained, small_squad, data_dir, tmp_path):
     vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
     config = _squad_config(pretrained, vocab, small_squad)

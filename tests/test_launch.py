@@ -23,7 +23,23 @@ def test_tpu_vm_pod_dry_run_prints_every_command():
     assert "--worker=all" in start and "bert_jax.train" in start and "--jax_distributed" in start
     assert "gs://bucket/run" in start and "pretrain.py:base" in start and "bfloat16" in start
     assert "--worker=0" in follow and "run.log" in follow
+    # The log is followed only while worker 0's process runs, so the script reaches the deletion.
+    start, follow = start.replace("\\", ""), follow.replace("\\", "")  # undo printf %q
+    assert "& echo $! > run.pid" in start and "tail -n +1 -F --pid=$(cat run.pid) run.log" in follow
     assert "tpu-vm delete bert-base" in delete
+
+
+def test_tpu_vm_pod_deletes_the_vm_when_the_script_fails(tmp_path):
+    """With --delete the VM goes however the script ends: here the copy to the workers fails."""
+    for name, script in (("gcloud", 'echo "$4" >> {calls}\n[ "$4" = scp ] && exit 3\nexit 0'),
+                         ("tar", "echo tar >> {calls}")):  # fakes: nothing is created, packed or copied
+        (tmp_path / name).write_text("#!/bin/sh\n" + script.format(calls=tmp_path / "calls") + "\n")
+        (tmp_path / name).chmod(0o755)
+    result = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v3-8", "--workdir", "gs://b",
+                                   "--delete"], capture_output=True, text=True, timeout=60,
+                            env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (tmp_path / "calls").read_text().split() == ["create", "tar", "scp", "delete"]
+    assert result.returncode == 3, result.stderr
 
 
 def test_tpu_vm_pod_requires_its_flags():

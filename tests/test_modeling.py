@@ -225,10 +225,19 @@ def test_input_errors_are_one_line():
     (dict(hidden_act="swish"), "hidden_act"),
     (dict(remat_policy="some"), "remat_policy"),
     (dict(num_hidden_layers=0), "num_hidden_layers must be positive"),
+    (dict(dtype="bf16"), r"BertConfig.dtype='bf16' is not a floating-point dtype name"),
+    (dict(param_dtype="int8"), r"BertConfig.param_dtype='int8' is not a floating-point dtype name"),
+    (dict(dtype=None), r"BertConfig.dtype=None is not a floating-point dtype name"),
 ])
 def test_config_errors(bad, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         modeling.BertConfig(**bad)
+    assert "\n" not in str(e.value)
+
+
+def test_config_accepts_floating_dtype_names():
+    config = modeling.BertConfig.from_dict({"dtype": "bfloat16", "param_dtype": "float32"})
+    assert (config.dtype, config.param_dtype) == ("bfloat16", "float32")
 
 
 def test_task_heads_shapes():

@@ -271,6 +271,10 @@ def test_cli_writes_instances_and_fails_cleanly(data_dir, tmp_path):
     bad = subprocess.run(cmd[:3] + [f"--input_file={tmp_path / 'missing.txt'}"] + cmd[4:], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "matches no file" in bad.stderr and "Traceback" not in bad.stderr
+    stray = subprocess.run(cmd[:4] + [f"--output_dir={tmp_path / 'stray'}"] + cmd[5:] + ["more.txt"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert stray.returncode == 1 and stray.stderr.strip().splitlines()[-1] == "unexpected arguments ['more.txt']"
+    assert "Traceback" not in stray.stderr and not (tmp_path / "stray").exists()
 
 
 def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):

@@ -116,22 +116,35 @@ def test_rules_table_gives_the_hand_written_layout(shape, instances):
 
 def test_config_errors_before_compiling(instances):
     mesh = sharding.make_mesh(8, 1, 1)
+
+    def error(config, kind=ValueError):
+        with pytest.raises(kind) as info:
+            train.validate(config, mesh)
+        message = str(info.value)
+        assert "\n" not in message
+        return message
+
     bad = _config(instances)
     bad.phases[0].batch_size = 12
-    with pytest.raises(ValueError, match=r"batch_size=12 is not divisible by data\*fsdp=8"):
-        train.validate(bad, mesh)
+    assert re.search(r"batch_size=12 is not divisible by data\*fsdp=8", error(bad))
     bad = _config(instances)
     bad.phases[1].max_seq_length = 1024
-    with pytest.raises(ValueError, match="exceeds config.model.max_position_embeddings=512"):
-        train.validate(bad, mesh)
+    assert "exceeds config.model.max_position_embeddings=512" in error(bad)
     bad = _config(instances)
     bad.phases[1].data_dir = "/nonexistent/p2"
-    with pytest.raises(FileNotFoundError, match="no metadata.json"):
-        train.validate(bad, mesh)
+    assert "config.phases[1].data_dir='/nonexistent/p2': no metadata.json" in error(bad, FileNotFoundError)
     bad = _config(instances)
     bad.phases[1].max_predictions_per_seq = 30
-    with pytest.raises(ValueError, match="holds 128 / 20"):
-        train.validate(bad, mesh)
+    assert "config.phases[1] wants length 128 / 30 predictions but" in error(bad) and "holds 128 / 20" in error(bad)
+    bad = _config(instances)
+    bad.model.vocab_size = 1000  # the instances hold ids of the 30522-token vocabulary
+    assert "vocabulary of 30522 tokens exceeds config.model.vocab_size=1000" in error(bad)
+    bad = _config(instances, grad_accum_steps=3)
+    assert "does not split into grad_accum_steps=3 micro-batches" in error(bad)
+    bad = _config(instances, grad_accum_steps=0)
+    assert "config.grad_accum_steps=0 must be at least 1" in error(bad)
+    bad = _config(instances, eval_data_dir="/nonexistent/eval")
+    assert "config.eval_data_dir='/nonexistent/eval': no metadata.json" in error(bad, FileNotFoundError)
     with pytest.raises(ValueError, match="needs 16 devices, but 8 are available"):
         sharding.make_mesh(4, 4, 1)
     config = _config(instances)
@@ -251,14 +264,16 @@ def uninterrupted(instances, tmp_path_factory):
     return _final_params(workdir, 30)
 
 
-def _kill_at(instances, workdir, at_least):
+def _kill_at(instances, workdir, at_least, delay):
+    """Starts a run, SIGKILLs it `delay` seconds after its first checkpoint at a step >= at_least."""
     proc = subprocess.Popen(_cmd(instances, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not [s for s in _steps(workdir) if s >= at_least]:
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read()[-3000:])
-        time.sleep(0.05)
+        time.sleep(0.02)
+    time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
@@ -266,14 +281,18 @@ def _kill_at(instances, workdir, at_least):
 @pytest.mark.parametrize("where", ["phase1", "phase2"])
 def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, tmp_path):
     # Killed at a random point inside phase 1 (the resumed run then crosses the switch) or inside phase 2.
-    rng = random.Random(os.getpid())
-    at_least = rng.randint(3, 11) if where == "phase1" else rng.randint(18, 26)
-    _kill_at(instances, tmp_path, at_least)
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    at_least, delay = rng.randint(3, 8) if where == "phase1" else rng.randint(18, 26), rng.uniform(0.0, 0.2)
+    print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
+    _kill_at(instances, tmp_path, at_least, delay)
     killed_at = max(_steps(tmp_path))
-    assert killed_at < 30
+    print(f"last checkpoint before the kill: step {killed_at}")
+    assert killed_at < (15 if where == "phase1" else 30)
     result = subprocess.run(_cmd(instances, tmp_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
     resumed = _final_params(tmp_path, 30)
     assert resumed.keys() == uninterrupted.keys()
     for k in resumed:
@@ -325,49 +344,77 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tmp_path):
-    config = _config(instances, total_steps=12, checkpoint_every=2, log_every=100)
+    config = _config(instances, total_steps=12, checkpoint_every=2, log_every=100, keep_checkpoints=1)
     config.mesh.data = 8
     train.train_and_evaluate(config, str(tmp_path), max_steps=4)
-    assert _steps(tmp_path)[-1] == 4
+    assert _steps(tmp_path) == [4]  # keep_checkpoints=1 removed the one at step 2
     config.learning_rate = 1e12  # diverges at once when resumed
-    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step (\d+)"):
+    with pytest.raises(FloatingPointError) as info:
         train.train_and_evaluate(config, str(tmp_path))
+    step = int(re.fullmatch(r"non-finite loss \S+ \(gradient norm \S+\) at step (\d+); the last checkpoint is kept",
+                            str(info.value)).group(1))
+    assert step in (4, 5)  # the resumed run's first or second step
     steps = _steps(tmp_path)
-    good = _final_params(tmp_path, steps[-1])
+    assert steps[-1] == 4  # nothing saved after the bad step; the last good checkpoint intact
+    good = _final_params(tmp_path, 4)
     assert all(np.isfinite(v).all() for v in good.values())
 
 
 def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
-    """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, NSP above chance."""
+    """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, held-out MLM loss falls,
+    and the next-sentence head learns at least the label prior on held-out books.
+
+    The labels are not balanced: as in the original, a one-sentence chunk always gets a random next
+    segment, and at length 64 many Gutenberg chunks are one sentence (about 60% NotNext). 200 steps of
+    `tiny` do not learn NSP beyond that prior: held-out accuracy equals the majority rate (0.605) and the
+    loss sits at the prior's entropy (0.665 against 0.671); an 800-step run reached 0.664 accuracy. So the
+    NSP check here is the weaker one that still fails for a broken head: a loss well under ln 2 (0.693),
+    the loss of an untrained head."""
+    from bert_jax.data import pipeline
+
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    pretraining.create_pretraining_data(
-        corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")], corpus.ReadStats()),
-        tok, str(tmp_path / "p1"), options=pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10),
-        dupe_factor=1, num_shards=1)
+    books = list(corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")],
+                                                corpus.ReadStats()))
+    assert len(books) >= 10
+    options = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+    for name, part in (("p1", books[:-2]), ("eval", books[-2:])):  # the last two books held out
+        pretraining.create_pretraining_data(part, tok, str(tmp_path / name), options=options, dupe_factor=1,
+                                            num_shards=1)
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
     config.total_steps, config.log_every, config.checkpoint_every = 200, 10, 200
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
-    config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "p1"), 100, 2
+    config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 100, 16
     history = []
     original_write = summaries.write_scalars
-    summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, values)),
-                                                          original_write(writer, step, values, prefix))
+    summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, prefix, values)),
+                                                                    original_write(writer, step, values, prefix))
     try:
         final = train.train_and_evaluate(config, str(tmp_path / "run"))
     finally:
         summaries.write_scalars = original_write
-    evals = [v for step, v in history if "sequences_per_second" not in v]
-    assert len(evals) == 2 and all(np.isfinite(v["mlm_loss"]) for v in evals)  # eval_step at steps 100, 200
-    history = [(step, v) for step, v in history if "sequences_per_second" in v]
-    first, last = history[0][1], history[-1][1]
+    evals = [v for step, prefix, v in history if prefix == "eval"]
+    train_logs = [v for step, prefix, v in history if prefix == "train"]
+    assert len(evals) == 2  # eval_step at steps 100 and 200
+    labels = np.concatenate([b["next_sentence_labels"] for b, _ in zip(
+        pipeline.make_pretraining_iterator(str(tmp_path / "eval"), global_batch_size=32, shuffle=False,
+                                           num_epochs=1), range(16))])
+    assert len(labels) == 16 * 32
+    prior = np.mean(labels == 1)
+    majority = max(prior, 1 - prior)
+    prior_entropy = -(prior * np.log(prior) + (1 - prior) * np.log(1 - prior))  # a label-blind model's loss
+    first, last = train_logs[0], train_logs[-1]
     drop = 1 - last["mlm_loss"] / first["mlm_loss"]
     print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} ({drop:.0%} lower), "
-          f"MLM accuracy {last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f} "
-          f"(mean of the last 5 logs {np.mean([v['nsp_accuracy'] for _, v in history[-5:]]):.3f})")
+          f"MLM accuracy {last['mlm_accuracy']:.3f}; held-out at steps 100 / 200: MLM loss "
+          f"{evals[0]['mlm_loss']:.3f} / {evals[1]['mlm_loss']:.3f}, NSP accuracy {evals[0]['nsp_accuracy']:.3f} / "
+          f"{evals[1]['nsp_accuracy']:.3f} against {majority:.3f} for the majority label, NSP loss "
+          f"{evals[0]['nsp_loss']:.3f} / {evals[1]['nsp_loss']:.3f} against {prior_entropy:.3f} for the label prior")
     assert final["step"] == 200
     assert drop >= 0.30
-    assert np.mean([v["nsp_accuracy"] for _, v in history[-5:]]) > 0.5
+    assert evals[1]["mlm_loss"] < evals[0]["mlm_loss"] < first["mlm_loss"]
+    assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy + 0.01)
+    assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second"} <= last.keys()
     assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written
 
 

@@ -141,3 +141,12 @@ def test_cli(tmp_path, data_dir):
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == f"error: --input_file: '{tmp_path / 'nothing-*.txt'}' matches no file"
     assert not missing.exists()
+
+
+def test_cli_rejects_positional_arguments(tmp_path, data_dir):
+    out = tmp_path / "vocab.txt"
+    run = _cli(f"--input_file={data_dir / 'corpus' / 'bert_sample_text.txt'}", "--vocab_size=500",
+               f"--output_file={out}", "stray.txt")
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == "unexpected arguments ['stray.txt']"
+    assert "Traceback" not in run.stderr and not out.exists()

@@ -41,7 +41,8 @@ flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).
 
 
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if not FLAGS.output_dir or not FLAGS.vocab_file:
         raise SystemExit("--output_dir and --vocab_file are required")
     if bool(FLAGS.input_file) == bool(FLAGS.tfds_name):

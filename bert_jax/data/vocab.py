@@ -222,7 +222,8 @@ def _define_flags() -> None:
 
 
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
     FLAGS = flags.FLAGS
     try:
         stats = train_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing, convert, modeling, optim, sharding, storage, summaries
+from bert_jax.data.tokenization import Tokenizer
 from bert_jax.train import TrainState, global_batch
 
 COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy")
@@ -95,6 +96,21 @@ def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) 
         return storage.join(init.path, "vocab.txt")
     raise ValueError("config.vocab_file is empty and config.init_checkpoint has no vocab.txt: name the "
                      "WordPiece vocabulary the encoder was pre-trained with")
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, init: Initialisation) -> Tokenizer:
+    """The WordPiece tokenizer of `resolve_vocab_file(config, init)`, checked against the encoder.
+
+    Raises:
+      ValueError: no vocabulary (as `resolve_vocab_file`), or one with more tokens than the model's
+        vocab_size (its ids would index past the word embeddings).
+      FileNotFoundError: the vocabulary file does not exist.
+    """
+    tokenizer = Tokenizer(resolve_vocab_file(config, init), do_lower_case=config.do_lower_case)
+    if tokenizer.vocab_size > init.config.vocab_size:
+        raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
+                         f"vocab_size {init.config.vocab_size}")
+    return tokenizer
 
 
 def _select(tree: Mapping, like: Mapping) -> dict:
@@ -302,13 +318,17 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
 
 
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
-    """The command line of a fine-tuning job: --config (with --config.x=y overrides) and --workdir;
+    """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
+    multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
     prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
     from absl import app, flags, logging
     from ml_collections import config_flags
 
+    from bert_jax import distributed
+
     config_flags.DEFINE_config_file("config", None, config_help)
     flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
+    distributed.define_flags()
     flags.mark_flags_as_required(["config", "workdir"])
 
     def main(argv):
@@ -316,6 +336,7 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
         logging.set_verbosity(logging.WARNING)
         try:
+            distributed.initialize_from_flags()
             metrics = run(flags.FLAGS.config, flags.FLAGS.workdir)
         except (ValueError, FileNotFoundError, FloatingPointError) as e:
             raise SystemExit(f"{name}: {e}") from None

@@ -21,7 +21,6 @@ import numpy as np
 
 from bert_jax import losses, modeling, storage, summaries
 from bert_jax.data import glue
-from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune
 
 LABEL_NAMES = ("labels",)
@@ -60,7 +59,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.task not in glue.TASKS:
         raise ValueError(f"config.task={config.task!r} is not one of {sorted(glue.TASKS)}")
     init = finetune.resolve_init(config)
-    tokenizer = Tokenizer(finetune.resolve_vocab_file(config, init), do_lower_case=config.do_lower_case)
+    tokenizer = finetune.load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
                          f"{init.config.max_position_embeddings}")

@@ -31,7 +31,6 @@ import numpy as np
 
 from bert_jax import losses, modeling, storage, summaries
 from bert_jax.data import squad
-from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune, squad_eval
 
 LABEL_NAMES = ("start_positions", "end_positions")
@@ -157,10 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not config.train_file and not config.predict_file:
         raise ValueError("set config.train_file and/or config.predict_file")
     init = finetune.resolve_init(config)
-    tokenizer = Tokenizer(finetune.resolve_vocab_file(config, init), do_lower_case=config.do_lower_case)
-    if tokenizer.vocab_size > init.config.vocab_size:
-        raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
-                         f"vocab_size {init.config.vocab_size}")
+    tokenizer = finetune.load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
                          f"{init.config.max_position_embeddings}")

@@ -1,0 +1,52 @@
+"""Multi-host start-up flags shared by the command-line entry points.
+
+  define_flags()            --jax_distributed, --coordinator_address, --num_processes, --process_id
+  initialize_from_flags()   jax.distributed.initialize(...) when asked for, before any JAX computation
+
+On a TPU VM pod `--jax_distributed` alone is enough (JAX finds the coordinator, the process count and
+this process's index itself; launch/tpu_vm_pod.sh passes it to every entry point). Elsewhere
+`--coordinator_address=host:port --num_processes=N --process_id=i` name them.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the four multi-host flags in `flag_values` (once per process; absl raises
+    DuplicateFlagError on a second definition)."""
+    flags.DEFINE_bool("jax_distributed", False, "Call jax.distributed.initialize() (multi-host; auto on TPU pods).",
+                      flag_values=flag_values)
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for clusters other than TPU pods.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).",
+                         flag_values=flag_values)
+
+
+def initialize_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> bool:
+    """Calls `jax.distributed.initialize` when --jax_distributed or --coordinator_address is set.
+
+    The flags must be defined (`define_flags`) and parsed. Call before any JAX computation.
+
+    Returns:
+      True when jax.distributed was initialised, False for a single-process run.
+
+    Raises:
+      ValueError: (one line) --num_processes or --process_id without --jax_distributed or
+        --coordinator_address, where they would be silently ignored.
+    """
+    f = flag_values
+    if not (f.jax_distributed or f.coordinator_address):
+        given = [f"--{name}={f[name].value}" for name in ("num_processes", "process_id") if f[name].value is not None]
+        if given:
+            raise ValueError(f"{' '.join(given)} needs --coordinator_address (or --jax_distributed)")
+        return False
+    import jax
+
+    # On a TPU VM pod every argument is found automatically; elsewhere they come from the flags.
+    jax.distributed.initialize(coordinator_address=f.coordinator_address, num_processes=f.num_processes,
+                               process_id=f.process_id)
+    return True
