@@ -25,3 +25,22 @@ def forward_flops_per_sequence(config: BertConfig, seq_length: int, max_predicti
 def train_flops_per_step(config: BertConfig, batch_size: int, seq_length: int, max_predictions: int) -> float:
     """FLOPs of one training step (forward + backward = 3x forward) over a global batch."""
     return 3.0 * batch_size * forward_flops_per_sequence(config, seq_length, max_predictions)
+
+
+# Peak dense bfloat16 FLOP/s of one JAX device, by `jax.Device.device_kind`, from Google Cloud's TPU
+# system-architecture pages. A v3 device is one TensorCore (half a 123 TFLOP/s chip); v4 and v5p devices
+# are whole chips (their two TensorCores run as one "megacore"); v5e and v6e chips have one core each.
+PEAK_BF16_FLOPS_PER_DEVICE: dict[str, float] = {
+    "TPU v3": 61.5e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5": 459e12,  # v5p
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+}
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+    """Peak bfloat16 FLOP/s of one device of `device_kind` (e.g. jax.devices()[0].device_kind), or None
+    for a kind without a published figure here (CPUs, GPUs: set the config's peak by hand)."""
+    return PEAK_BF16_FLOPS_PER_DEVICE.get(device_kind)

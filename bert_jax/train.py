@@ -374,6 +374,8 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     final_step = min(config.total_steps, max_steps or config.total_steps)
     start_step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
+    # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
+    peak_flops = config.peak_tflops_per_device * 1e12 or flops.peak_flops_per_device(jax.devices()[0].device_kind)
 
     saved = {latest}
 
@@ -416,11 +418,10 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
                     elapsed = time.perf_counter() - window_start
                     seqs = window_steps * phase.batch_size / elapsed
                     values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
-                    if config.peak_tflops_per_device:
+                    if peak_flops:
                         model_flops = flops.train_flops_per_step(bert_config, phase.batch_size, phase.max_seq_length,
                                                                  phase.max_predictions_per_seq)
-                        values["mfu"] = model_flops * window_steps / elapsed / (
-                            config.peak_tflops_per_device * 1e12 * jax.device_count())
+                        values["mfu"] = model_flops * window_steps / elapsed / (peak_flops * mesh.devices.size)
                     metrics_out = dict(values, step=step, phase=phase.index)
                     summaries.write_scalars(writer, step, values, "train")
                     progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",

@@ -87,7 +87,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.log_every = 100  # steps between metrics (TensorBoard and console)
     config.checkpoint_every = 10_000  # steps between checkpoints (also at the phase switch and the end)
     config.keep_checkpoints = 3  # newest checkpoints kept
-    config.peak_tflops_per_device = 0.0  # for MFU; 0 = not reported (TPU v3 core: 61.5 bf16)
+    config.peak_tflops_per_device = 0.0  # MFU's peak per device; 0 = a known TPU's bf16 peak, else no MFU
     if arg == "tiny":
         config.total_steps = 200
         config.warmup_steps = 20

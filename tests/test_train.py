@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import optim, sharding, summaries, train
+from bert_jax import flops, optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
 from configs import pretrain
 from conftest import ROOT
@@ -194,6 +194,13 @@ def test_clip_by_global_norm_hand_computed_and_against_optax():
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-7, atol=0), ours, ref)
     with pytest.raises(ValueError, match="max_norm=0 must be positive"):
         optim.clip_by_global_norm(0)
+
+
+def test_peak_flops_of_known_devices():
+    assert flops.peak_flops_per_device("TPU v3") == 61.5e12  # one TensorCore: half of a 123 TFLOP/s chip
+    assert flops.peak_flops_per_device("TPU v4") == 275e12
+    assert flops.peak_flops_per_device("TPU v5 lite") == 197e12
+    assert flops.peak_flops_per_device(jax.devices()[0].device_kind) is None  # this CPU
 
 
 def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
@@ -385,6 +392,7 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     config.total_steps, config.log_every, config.checkpoint_every = 200, 10, 200
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 100, 16
+    config.peak_tflops_per_device = 2.0  # a CPU has no published peak: MFU only with one given
     history = []
     original_write = summaries.write_scalars
     summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, prefix, values)),
@@ -414,7 +422,10 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     assert drop >= 0.30
     assert evals[1]["mlm_loss"] < evals[0]["mlm_loss"] < first["mlm_loss"]
     assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy + 0.01)
-    assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second"} <= last.keys()
+    assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second", "mfu"} <= last.keys()
+    assert last["tokens_per_second"] == pytest.approx(64 * last["sequences_per_second"])
+    step_flops = 3 * 32 * flops.forward_flops_per_sequence(train.create_model(config).config, 64, 10)
+    assert last["mfu"] == pytest.approx(step_flops * last["sequences_per_second"] / 32 / 2e12, rel=1e-6)
     assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written
 
 
