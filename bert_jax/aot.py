@@ -9,8 +9,10 @@ outputs, total against the chip's HBM), FLOPs per step from the compiled program
 FLOPs (`bert_jax.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
 device. Exit status 1 when a phase does not fit in HBM.
 
-Chip figures (per JAX device: a v3 chip has 2 TensorCores = 2 devices): v3 core 61.5 bf16 TFLOP/s,
-16 GiB, 450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s; v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s.
+Chip figures, per JAX device as in `TOPOLOGIES` (v3 and v4 chips have 2 TensorCores, each a device of
+the compile-only topology; v5e has one): v3 core 61.5 bf16 TFLOP/s, 16 GiB, 450 GB/s; v4 core 137.5
+TFLOP/s, 16 GiB, 600 GB/s (half of a v4 chip's 275 TFLOP/s, 32 GiB, 1200 GB/s); v5e chip 197 TFLOP/s,
+16 GiB, 819 GB/s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ from bert_jax import flops, sharding, train  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
+    """A TPU slice to compile for and its roofline figures, per JAX device (see the module docstring).
+
+    Attributes:
+      topology: the `jax.experimental.topologies` name, e.g. "v3:4x4x1".
+      peak_flops: peak bfloat16 FLOP/s per device.
+      hbm_bytes: HBM capacity per device, bytes.
+      hbm_bandwidth: HBM bandwidth per device, bytes/s.
+    """
+
     topology: str  # jax.experimental.topologies name
     peak_flops: float  # bf16 FLOP/s per JAX device
     hbm_bytes: float  # per JAX device
@@ -53,7 +64,21 @@ TOPOLOGIES = {
 
 
 def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, int, int]):
-    """Compiles train_step for one phase on `devices` -> (compiled, mesh)."""
+    """Compiles train_step for one phase on `devices` -> (compiled, mesh).
+
+    Args:
+      config: the pre-training config (model, optimizer, seed).
+      devices: the devices to compile for (e.g. a topology's compile-only devices).
+      phase: gives the batch: input_ids, token_type_ids, attention_mask int32 [batch_size, max_seq_length];
+        masked_lm_positions, masked_lm_ids int32 and masked_lm_weights float32 [batch_size,
+        max_predictions_per_seq]; next_sentence_labels int32 [batch_size].
+      mesh_shape: (data, fsdp, tensor) sizes whose product is len(devices).
+
+    Raises:
+      ValueError: a mesh_shape that does not fit `devices`, a bad model config, a parameter or
+        optimizer-state dimension the mesh does not divide (`sharding.check_divisible`), or a batch
+        size not divisible by data * fsdp (jax's `IndivisibleError`, when lowering).
+    """
     mesh = sharding.make_mesh(*mesh_shape, devices=devices)
     model = train.create_model(config)
     tx, schedule = train.create_optimizer(config)
@@ -79,9 +104,16 @@ def report(config, topology_name: str) -> bool:
 
     Raises:
       ValueError: (one line) an unknown config.mesh.preset, a mesh that does not fit the topology's
-        devices, or a bad model / phase config.
+        devices, or a bad model / phase config; the errors of `compile_phase`.
+      KeyError: `topology_name` is not in TOPOLOGIES (`main` checks it first).
+      ImportError: libtpu is not installed (checked first: jax would raise a RuntimeError later).
     """
+    import importlib.util
+
     from jax.experimental import topologies
+
+    if importlib.util.find_spec("libtpu") is None:
+        raise ImportError("libtpu is not installed, so there is no TPU compiler")
 
     chip = TOPOLOGIES[topology_name]
     if config.mesh.preset:

@@ -42,24 +42,54 @@ class Checkpointer:
         )
 
     def latest_step(self) -> int | None:
+        """The newest checkpoint's step, or None when there is none.
+
+        Counts the complete checkpoints found in `directory` when constructed and those saved since
+        (an asynchronous save counts from its start: `wait()` for it to be on disk).
+        """
         return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
+        """Steps of the checkpoints kept (as `latest_step` counts them), oldest first."""
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: Any, data: dict, config: dict, *, force: bool = True) -> bool:
-        """Starts saving `state` (sharded arrays), `data` and `config` (JSON) as checkpoint `step`."""
+        """Starts saving `state` (sharded arrays), `data` and `config` (JSON) as checkpoint `step`.
+
+        Waits for the previous asynchronous save first; beyond `max_to_keep`, the oldest checkpoints
+        are deleted. Returns whether a save was started (always True with `force`).
+
+        Raises:
+          ValueError: checkpoint `step` already exists (Orbax's `StepAlreadyExistsError`).
+          Exception: whatever a previous asynchronous save failed with, re-raised when it is awaited;
+            a failure of this save surfaces likewise in a later `save`, `wait` or `close`.
+        """
         return self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), config=ocp.args.JsonSave(config)),
             force=force)
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-        """Restores checkpoint `step` onto the shardings of `abstract_state` -> (state, data)."""
+        """Restores checkpoint `step` onto the shardings of `abstract_state` -> (state, data).
+
+        Args:
+          step: the checkpoint; None takes the latest.
+          abstract_state: tree of `jax.ShapeDtypeStruct`s with shardings (see `abstract_like`), the
+            structure of the saved state.
+
+        Raises:
+          FileNotFoundError: no checkpoint `step` (with None: no checkpoint at all).
+          ValueError: `abstract_state` whose tree or array shapes differ from the saved state.
+        """
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return restored["state"], restored["data"]
 
     def restore_config(self, step: int) -> dict:
+        """The `config` item (the run's config as a JSON dict) of checkpoint `step` (None: the latest).
+
+        Raises:
+          FileNotFoundError: no checkpoint `step` (with None: no checkpoint at all).
+        """
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
     def wait(self) -> None:
@@ -67,6 +97,11 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending asynchronous saves, then releases the manager; the object is unusable after.
+
+        Raises:
+          Exception: whatever a pending asynchronous save failed with (re-raised by Orbax).
+        """
         self.manager.wait_until_finished()
         self.manager.close()
 

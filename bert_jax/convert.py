@@ -138,7 +138,12 @@ def stack_layers(params: Mapping[str, Any], num_layers: int) -> dict:
     """Turns `encoder/layer_{i}` subtrees into one `encoder/layers` tree with a leading [num_layers] axis.
 
     `params` is a BertForPreTraining tree (with "bert") or a BertModel tree; returns a new tree for a
-    config with `scan_layers=True`.
+    config with `scan_layers=True`. Stacked leaves are numpy arrays [num_layers, ...] in the layers'
+    dtype; the other leaves are passed through unchanged.
+
+    Raises:
+      ValueError: a stacked parameter whose layer indices are not exactly 0..num_layers-1, layers whose
+        shapes differ (`np.stack`), or a `layer_<suffix>` whose suffix is not an integer.
     """
     flat = traverse_util.flatten_dict(dict(params), sep="/")
     out, layers = {}, {}
@@ -236,7 +241,11 @@ def _abstract_params(config: BertConfig) -> dict:
 
 
 def init_params(config: BertConfig, seed: int = 0) -> dict:
-    """Freshly initialised (unboxed) BertForPreTraining params for `config`, as the original's init."""
+    """Freshly initialised (unboxed) BertForPreTraining params for `config`, as the original's init.
+
+    Leaves are jax.Arrays in config.param_dtype (the layers stacked under `encoder/layers` with
+    scan_layers); `seed` seeds `jax.random.key`.
+    """
     model = BertForPreTraining(config)
     ids = jnp.zeros((1, 2), jnp.int32)
     return nn.unbox(jax.jit(model.init)(jax.random.key(seed), ids, masked_lm_positions=ids))["params"]

@@ -170,6 +170,8 @@ class BertConfig:
 
     @property
     def head_size(self) -> int:
+        """H = hidden_size // num_attention_heads, the width of one attention head (exact: construction
+        checks that num_attention_heads divides hidden_size)."""
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
@@ -178,6 +180,12 @@ class BertConfig:
 
         Unknown keys (e.g. `architectures`, `model_type`, `pad_token_id`) are ignored; `overrides`
         replace fields (e.g. `dtype="bfloat16"`).
+
+        Raises:
+          ValueError: a value the constructor rejects (see the class), or a size that `int()` cannot
+            parse (e.g. "x").
+          TypeError: an override that is not a BertConfig field, or a size that `int()` cannot take
+            (e.g. None).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
@@ -186,7 +194,15 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str, **overrides) -> "BertConfig":
-        """Reads a `bert_config.json` (or Hugging Face `config.json`) file."""
+        """Reads a `bert_config.json` (or Hugging Face `config.json`) file; `overrides` as `from_dict`.
+
+        Raises:
+          FileNotFoundError: no file at `path` (other `OSError`s as `open`).
+          ValueError: the file is not UTF-8 (`UnicodeDecodeError`) or not JSON (`json.JSONDecodeError`);
+            the errors of `from_dict`.
+          TypeError: as `from_dict`.
+          AttributeError: JSON whose top level is not an object.
+        """
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f), **overrides)
 
@@ -195,6 +211,12 @@ class BertConfig:
         return {k: getattr(self, k) for k in BERT_CONFIG_FIELDS}
 
     def replace(self, **changes) -> "BertConfig":
+        """A copy with `changes` applied (`dataclasses.replace`), validated again by the constructor.
+
+        Raises:
+          ValueError: a changed value the constructor rejects (see the class).
+          TypeError: a name that is not a BertConfig field.
+        """
         return dataclasses.replace(self, **changes)
 
 
@@ -269,6 +291,13 @@ class LayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        """x [..., D] in any dtype -> [..., D] in config.dtype, normalised over the last axis.
+
+        Creates `scale` (ones) and `bias` (zeros), [D] in config.param_dtype, on init.
+
+        Raises:
+          flax.errors.ScopeParamShapeError: x's last axis differs from the existing parameters' D.
+        """
         features = x.shape[-1]
         scale = _param(self, "scale", nn.initializers.ones, (features,), ("embed",))
         bias = _param(self, "bias", nn.initializers.zeros, (features,), ("embed",))
@@ -359,7 +388,22 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(c.hidden_dropout_prob)
 
     def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
-        """input_ids, token_type_ids: int32 [B, L] -> embeddings [B, L, D] in config.dtype."""
+        """input_ids, token_type_ids: int32 [B, L] -> embeddings [B, L, D] in config.dtype.
+
+        Args:
+          input_ids: int32 [B, L] WordPiece ids in [0, V); L <= max_position_embeddings.
+          token_type_ids: int32 [B, L] segment ids in [0, T).
+          deterministic: disables dropout when True.
+
+        Positions are 0..L-1 (the first L rows of the [S, D] table). Nothing is checked here (the
+        ValueError checks are `BertModel`'s): an id >= V (or type >= T) gives a NaN row (`jnp.take`'s
+        default "fill" mode) and a negative one (>= -V) counts from the end of the table.
+
+        Raises:
+          TypeError: L > max_position_embeddings, or token_type_ids whose shape does not broadcast to
+            input_ids' (jax broadcasting).
+          flax.errors.InvalidRngError: deterministic False without a "dropout" PRNG stream.
+        """
         length = input_ids.shape[1]
         # Sum in param_dtype (float32) so bfloat16 compute loses nothing before the LayerNorm.
         words = jnp.take(self.word_embeddings.embedding, input_ids, axis=0)  # [B, L, D]
@@ -447,6 +491,13 @@ class Dropout(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
+        """x: any shape, floating dtype -> same shape and dtype; x itself when deterministic or rate 0.
+
+        Raises (only when applied, i.e. not deterministic and rate > 0):
+          flax.errors.InvalidRngError: no "dropout" PRNG stream (`rngs={"dropout": key}`).
+          ValueError: a 0-d x (the mask is indexed over the last two axes).
+          ZeroDivisionError: a rate so close to 1 that nothing is kept (round(rate * 65536) == 65536).
+        """
         if deterministic or self.rate == 0.0:
             return x
         keep, keep_prob = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
@@ -461,7 +512,17 @@ class BertSelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask_bias: Array) -> Array:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding) -> [B, L, D]."""
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding) -> [B, L, D].
+
+        Scaled dot-product attention (Vaswani et al. 2017, section 3.2): softmax(q k^T / sqrt(H) + mask_bias) v
+        per head. x (any float dtype) is cast to config.dtype; scores and softmax are float32; the output is
+        in config.dtype. mask_bias may be any shape that broadcasts to the scores [B, N, L, L].
+
+        Raises (no ValueError: inputs are checked by `BertModel`):
+          TypeError: x's last axis is not hidden_size (reshape), or mask_bias does not broadcast to
+            [B, N, L, L].
+          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
+        """
         c = self.config
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
@@ -619,7 +680,16 @@ class BertModel(nn.Module):
 
 
 def gather_positions(sequence: Array, positions: Array) -> Array:
-    """sequence [B, L, D], positions int32 [B, P] -> [B, P, D] (the original's gather_indexes)."""
+    """sequence [B, L, D], positions int32 [B, P] -> [B, P, D] (the original's gather_indexes).
+
+    The dtype of `sequence` is kept. Position values are not checked and never raise: with
+    `jnp.take_along_axis`'s default "fill" mode a position in [-L, 0) counts from the end, and one
+    >= L or < -L gives a NaN row (the dtype's minimum for an integer sequence).
+
+    Raises:
+      IndexError: 1-D positions.
+      ValueError: a batch size of positions that neither equals nor broadcasts to B.
+    """
     return jnp.take_along_axis(sequence, positions[:, :, None].astype(jnp.int32), axis=1)
 
 
@@ -686,7 +756,15 @@ class BertForQuestionAnswering(nn.Module):
     @nn.compact
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True) -> SpanOutput:
-        """int32 [B, L] inputs -> SpanOutput(start_logits, end_logits), each float32 [B, L]."""
+        """int32 [B, L] inputs -> SpanOutput(start_logits, end_logits), each float32 [B, L].
+
+        Arguments as `BertModel.__call__`; the span head of the paper's section 4.2 (SQuAD).
+
+        Raises:
+          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
+            (`BertModel`).
+          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
+        """
         out = BertModel(self.config, add_pooling_layer=False, name="bert")(
             input_ids, token_type_ids, attention_mask, deterministic)
         logits = Dense(self.config, 2, ("embed", "classes"), name="qa_outputs")(out.sequence_output)
@@ -703,7 +781,15 @@ class BertForSequenceClassification(nn.Module):
     @nn.compact
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True) -> ClassificationOutput:
-        """int32 [B, L] inputs -> ClassificationOutput(logits float32 [B, C])."""
+        """int32 [B, L] inputs -> ClassificationOutput(logits float32 [B, C]), C = num_labels.
+
+        Arguments as `BertModel.__call__`; the classifier of the paper's section 4.1 (GLUE).
+
+        Raises:
+          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
+            (`BertModel`).
+          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
+        """
         out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
         pooled = Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic=deterministic)
         logits = Dense(self.config, self.num_labels, ("embed", "classes"), name="classifier")(pooled)

@@ -67,3 +67,16 @@ def test_pod_presets_cover_their_topologies():
     assert {name: rows[name][1] for name in ("v3-32", "v4-32", "v5e-16")} == {"v3-32": 16, "v4-32": 16, "v5e-16": 16}
     assert {name: rows[name][1] for name in ("v3-128", "v4-128", "v5e-64")} == {"v3-128": 64, "v4-128": 64,
                                                                                  "v5e-64": 64}
+
+
+def test_missing_libtpu_is_an_import_error(monkeypatch):
+    """Without libtpu, report() says so (main turns it into one line) instead of jax's later RuntimeError."""
+    import importlib.util
+
+    from bert_jax import aot
+    from configs import pretrain
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    with pytest.raises(ImportError, match="^libtpu is not installed, so there is no TPU compiler$"):
+        aot.report(pretrain.get_config("tiny"), "v3-8")

@@ -113,6 +113,13 @@ def test_bad_init_checkpoint_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_fewer_examples_than_a_batch_is_one_line():
+    """No batch would ever form (remainders are dropped): fit stops at once instead of looping forever."""
+    arrays = {"input_ids": np.zeros((5, 8), np.int32), "labels": np.zeros((5,), np.int32)}
+    with pytest.raises(ValueError, match="^5 training examples are fewer than one batch of train_batch_size=8$"):
+        finetune.fit(None, None, arrays, batch_size=8, num_train_steps=3, seed=0, mesh=None)
+
+
 @pytest.mark.parametrize("task", ["glue", "squad"])
 def test_vocabulary_larger_than_the_model_is_one_line(task, data_dir, tmp_path):
     """bert-base-uncased's 30522 tokens cannot index a 1000-row embedding: both jobs stop before training."""

@@ -133,9 +133,18 @@ class PretrainingIterator(grain.DatasetIterator):
         self._next_batch = position
 
     def start_prefetch(self) -> None:
+        """Starts reading and decoding the next batches in the background (threads, or the worker
+        processes when worker_count > 0) before the first `next`, e.g. while a checkpoint is restored;
+        idempotent.
+
+        Raises:
+          ValueError: the iterator was closed and worker_count > 0 (from grain; with threads it is a no-op).
+        """
         self._it.start_prefetch()
 
     def close(self) -> None:
+        """Stops the reading threads and worker processes; idempotent. `next` afterwards raises grain's
+        ValueError; `set_state` starts a fresh reader."""
         if getattr(self, "_it", None) is not None:  # also called by __del__, maybe on a half-built object
             self._it.close()
 

@@ -71,6 +71,12 @@ class InstanceOptions:
     short_seq_per_document: bool = False
 
     def validate(self) -> None:
+        """Checks the numeric options (the two booleans are not checked).
+
+        Raises:
+          ValueError: max_seq_length < 5, max_predictions_per_seq < 1, masked_lm_prob outside (0, 1) or
+            short_seq_prob outside [0, 1].
+        """
         if self.max_seq_length < 5:
             raise ValueError(f"max_seq_length={self.max_seq_length} is too short ([CLS] A [SEP] B [SEP] needs 5)")
         if self.max_predictions_per_seq < 1:
@@ -104,11 +110,22 @@ class TokenStore:
         return len(self.document_starts) - 1
 
     def save(self, directory: str) -> None:
+        """Writes tokens.npy, sentence_starts.npy and document_starts.npy into `directory` (must exist).
+
+        Raises:
+          FileNotFoundError: `directory` does not exist (other `OSError`s as `np.save`).
+        """
         for name in ("tokens", "sentence_starts", "document_starts"):
             np.save(os.path.join(directory, f"{name}.npy"), getattr(self, name))
 
     @classmethod
     def load(cls, directory: str) -> "TokenStore":
+        """The store `save` wrote in `directory`, memory-mapped read-only (arrays as saved: int32
+        tokens, int64 offsets).
+
+        Raises:
+          FileNotFoundError: one of the three .npy files is missing.
+        """
         # Plain ndarray views of the memory maps: same pages, without np.memmap's per-slice overhead.
         return cls(*(np.load(os.path.join(directory, f"{n}.npy"), mmap_mode="r").view(np.ndarray)
                      for n in ("tokens", "sentence_starts", "document_starts")))
@@ -118,7 +135,19 @@ def build_token_store(documents: Iterable[list[str]], tokenizer, directory: str,
                       batch_sentences: int = 20000) -> tuple[TokenStore, int]:
     """Tokenizes `documents` in batches into .npy files under `directory` and memory-maps them.
 
-    Returns (store, number of sentences dropped because they had no tokens).
+    Args:
+      documents: each a list of sentence strings; empty documents are skipped.
+      tokenizer: a `Tokenizer` (its `encode_batch_flat`).
+      directory: an existing directory for the .npy files.
+      batch_sentences: sentences tokenized per call.
+
+    Returns (store, number of sentences dropped because they had no tokens); documents left without
+    a sentence are dropped too.
+
+    Raises:
+      ValueError: no document has a sentence with at least one token (an empty corpus included).
+      TypeError: a sentence that is not a str (from the tokenizer).
+      FileNotFoundError: `directory` does not exist.
     """
     token_chunks, length_chunks, size_chunks = [], [], []
     pending: list[str] = []
@@ -175,6 +204,8 @@ class VocabInfo:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "VocabInfo":
+        """From a `Tokenizer` (vocab_size, the [CLS]/[SEP]/[MASK] ids, inv_vocab); is_continuation is
+        bool [V], True for tokens starting with "##"."""
         flags = np.array([t.startswith("##") for t in tokenizer.inv_vocab], bool)
         return cls(tokenizer.vocab_size, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, flags)
 
@@ -243,7 +274,17 @@ def _mask(tokens: np.ndarray, num_a: int, options: InstanceOptions, vocab: Vocab
 
 def encode_record(input_ids: np.ndarray, segment_b_start: int, positions: np.ndarray, labels: np.ndarray,
                   next_sentence_label: int) -> bytes:
-    """One instance -> record bytes (format in the module docstring)."""
+    """One instance -> record bytes (format in the module docstring).
+
+    Args:
+      input_ids: int32 [n] token ids (any integer dtype is cast to little-endian int32 without a check).
+      segment_b_start: index of segment B's first token in input_ids.
+      positions: int32 [k] masked positions; labels: int32 [k] original ids there (cast as input_ids).
+      next_sentence_label: 0 IsNext, 1 NotNext.
+
+    Raises:
+      OverflowError: segment_b_start or next_sentence_label outside the int32 range.
+    """
     header = np.array([len(input_ids), len(positions), segment_b_start, next_sentence_label], "<i4")
     return b"".join([header.tobytes(), input_ids.astype("<i4", copy=False).tobytes(),
                      positions.astype("<i4", copy=False).tobytes(), labels.astype("<i4", copy=False).tobytes()])
@@ -251,7 +292,15 @@ def encode_record(input_ids: np.ndarray, segment_b_start: int, positions: np.nda
 
 def instances_from_document(store: TokenStore, document: int, options: InstanceOptions, vocab: VocabInfo,
                             rng: np.random.Generator) -> list[bytes]:
-    """All instances of one document (one pass), as encoded records."""
+    """All instances of one document (one pass), as encoded records (`encode_record`).
+
+    Args:
+      document: index in [0, store.num_documents).
+      options: assumed valid (`InstanceOptions.validate`).
+      rng: drawn from for the target lengths, random next segments, truncation and masking.
+
+    Raises no error of its own; a document index >= num_documents gives numpy's IndexError.
+    """
     first, last = int(store.document_starts[document]), int(store.document_starts[document + 1])
     lengths = np.diff(np.asarray(store.sentence_starts[first : last + 1]))
     max_num_tokens = options.max_seq_length - 3
@@ -357,6 +406,7 @@ def _run_task(task: tuple[int, int, int, list[int]]) -> tuple[list[bytes], np.nd
 
 
 def shard_paths(output_dir: str, num_shards: int) -> list[str]:
+    """The num_shards output paths `<output_dir>/instances-{i:05d}-of-{num_shards:05d}.array_record`, in order."""
     return [os.path.join(output_dir, f"instances-{i:05d}-of-{num_shards:05d}.array_record")
             for i in range(num_shards)]
 

@@ -54,6 +54,7 @@ class ReadStats:
     no_answer: int = 0  # v1.1 training question with no answer
 
     def total(self) -> int:
+        """Questions skipped for any reason (the sum of the four counts)."""
         return self.empty_context + self.empty_question + self.answer_mismatch + self.no_answer
 
 
@@ -148,7 +149,11 @@ class SquadFeatures:
         return len(self.input_ids)
 
     def model_inputs(self) -> dict[str, np.ndarray]:
-        """The arrays a training step takes, under the standard names."""
+        """The arrays a training step takes, under the standard names (the arrays themselves, not copies).
+
+        Returns:
+          input_ids, token_type_ids, attention_mask: int32 [N, L]; start_positions, end_positions: int32 [N].
+        """
         return {k: getattr(self, k) for k in ("input_ids", "token_type_ids", "attention_mask", "start_positions",
                                               "end_positions")}
 

@@ -351,11 +351,19 @@ class Tokenizer:
         return self._tokenizer.encode(self._prepare(_check_str("text", text)), add_special_tokens=False)
 
     def tokenize(self, text: str) -> list[str]:
-        """text -> WordPiece tokens, e.g. "Unaffable!" -> ["una", "##ffa", "##ble", "!"] (uncased BERT)."""
+        """text -> WordPiece tokens, e.g. "Unaffable!" -> ["una", "##ffa", "##ble", "!"] (uncased BERT).
+
+        Raises:
+          TypeError: `text` is not a str (e.g. bytes).
+        """
         return self._encode(text).tokens
 
     def encode(self, text: str) -> list[int]:
-        """text -> token ids, no special tokens added."""
+        """text -> token ids (ints in [0, vocab_size)), no special tokens added.
+
+        Raises:
+          TypeError: `text` is not a str (e.g. bytes).
+        """
         return self._encode(text).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -367,6 +375,9 @@ class Tokenizer:
         distinct word's WordPiece ids come from the Rust tokenizer once, then from a cache. Other texts
         are encoded in parallel by the Rust library. About 2-3x faster than the Rust library alone on
         the Gutenberg corpus (see benchmarks/create_pretraining_data.py).
+
+        Raises:
+          TypeError: `texts` is a single str or not iterable, or an element is not a str (named by index).
         """
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of str, got a single str")
@@ -390,6 +401,9 @@ class Tokenizer:
 
         The ASCII texts are tokenized in one pass over their joined text (no per-text Python work), the
         others by the Rust library; same ids as `encode_batch`.
+
+        Raises:
+          TypeError: `texts` is a single str or not iterable, or an element is not a str (named by index).
         """
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of str, got a single str")
@@ -445,6 +459,9 @@ class Tokenizer:
         characters that normalisation changed; a "##" piece spans only its own characters. Characters
         that normalisation removes (control characters, a combining accent after its letter in
         decomposed text) may lie outside every span.
+
+        Raises:
+          TypeError: `text` is not a str (e.g. bytes).
         """
         enc = self._encode(text)
         return enc.ids, [tuple(o) for o in enc.offsets]

@@ -191,7 +191,19 @@ def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Modul
 
 def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: LossFn,
                   label_names: tuple[str, ...]) -> tuple[Callable, Callable]:
-    """(train_step, predict_step) jitted with explicit shardings; the state is donated."""
+    """(train_step, predict_step) jitted with explicit shardings; the state is donated.
+
+    Args:
+      shardings: the TrainState tree of NamedShardings from `create_state`.
+      label_names: the batch keys besides INPUT_NAMES that `loss_fn` reads, each [B] (e.g. int32 labels).
+
+    Inputs ([B, L] for INPUT_NAMES, [B] for labels) are sharded over the batch axes (data, fsdp).
+
+    Raises:
+      ValueError: a mesh without the "data" and "fsdp" axes (from `NamedSharding`). Nothing is
+        compiled here: jax traces and compiles on the first call, and raises there for a batch whose keys
+        or shapes do not fit these shardings.
+    """
     def batch_shardings(names, ranks):
         return {k: sharding.batch_sharding(mesh, ranks.get(k, 2)) for k in names}
 
@@ -217,10 +229,14 @@ def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, s
                   drop_remainder: bool) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """This process's rows of each global batch -> (arrays, number of real rows in the global batch).
 
+    `arrays` maps names to numpy arrays with a common leading axis N (e.g. int32 [N, L] inputs, int32
+    [N] labels); each yielded dict has the same keys and dtypes, with leading axis
+    global_batch_size // process_count.
+
     With seed None the order is the arrays' order; otherwise one permutation per seed (the same on every
     process). Without drop_remainder the last batch is padded with copies of its first row.
 
-    Raises:
+    Raises (on the first `next`, as a generator):
       ValueError: global_batch_size not divisible by the process count.
     """
     if global_batch_size % jax.process_count():
@@ -244,12 +260,24 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         desc: str = "fine-tuning") -> tuple[TrainState, list[dict[str, float]]]:
     """Runs `num_train_steps` steps over epochs of `arrays` (reshuffled per epoch, remainder dropped).
 
+    Args:
+      step_fn: the jitted train step of `compile_steps`.
+      arrays: numpy [N, ...] under exactly the step's batch keys: input_ids, token_type_ids,
+        attention_mask int32 [N, L] and the labels (e.g. int32 [N]), N >= batch_size.
+      batch_size: global rows per step, divisible by the process count and by data * fsdp.
+      seed: the shuffle of epoch e uses seed + e.
+
     Returns the final state and the logged metrics (step, loss, grad_norm, learning_rate,
     examples_per_second) every `log_every` steps and at the end.
 
     Raises:
       FloatingPointError: a non-finite loss, naming the step.
+      ValueError: fewer than batch_size training rows (no batch would ever form), or batch_size not
+        divisible by the process count (`local_batches`).
     """
+    rows = len(next(iter(arrays.values())))
+    if num_train_steps > 0 and rows < batch_size:
+        raise ValueError(f"{rows} training examples are fewer than one batch of train_batch_size={batch_size}")
     history = []
     is_main = jax.process_index() == 0
     progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
@@ -283,7 +311,17 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
 
 def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray], *, batch_size: int, mesh,
             desc: str = "predicting") -> Any:
-    """Runs `predict_fn` over all rows of `arrays` in order -> the outputs' leaves as numpy [N, ...]."""
+    """Runs `predict_fn` over all rows of `arrays` in order -> the outputs' leaves as numpy [N, ...].
+
+    `arrays` needs input_ids, token_type_ids, attention_mask int32 [N, L] (other keys are ignored); the
+    result is the model's output dataclass with numpy leaves, e.g. float32 [N, L] span logits. The last
+    batch is padded and the padding rows dropped.
+
+    Raises:
+      ValueError: batch_size not divisible by the process count (`local_batches`).
+      KeyError: one of INPUT_NAMES missing from `arrays`.
+      TypeError: `arrays` with no rows (nothing to concatenate).
+    """
     inputs = {k: arrays[k] for k in INPUT_NAMES}
     n = len(inputs["input_ids"])
     chunks = []

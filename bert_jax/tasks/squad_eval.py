@@ -34,6 +34,12 @@ def normalize_answer(s: str) -> str:
 
 
 def exact_match(prediction: str, gold: str) -> float:
+    """1.0 when the normalised strings are equal, else 0.0 (`exact_match_score` of the official
+    evaluate-v1.1.py, `compute_exact` of evaluate-v2.0.py); two empty strings score 1.0.
+
+    Raises:
+      AttributeError / TypeError: an argument that is not a str (from `normalize_answer`).
+    """
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
