@@ -7,8 +7,12 @@ tree of `bert_jax.modeling.BertForPreTraining` (`params["bert"]` is the `BertMod
 from the file are initialised and reported; tensors it does not know are reported, never dropped
 silently (`strict=True` turns both reports into errors).
 
-`to_hf(config, params, out_dir)` writes config.json + model.safetensors that
-`transformers.BertForPreTraining.from_pretrained` (or `BertModel`, for a `BertModel` tree) loads.
+`to_hf(config, params, out_dir)` writes config.json + model.safetensors that transformers'
+`from_pretrained` loads into the matching class: `BertForPreTraining`, `BertModel`, and the fine-tuned
+`BertForQuestionAnswering` (SQuAD span head `qa_outputs`, encoder without pooler) and
+`BertForSequenceClassification` (GLUE classifier `classifier`). `from_hf` reads only the encoder and the
+pre-training heads: in a fine-tuned directory it reports `qa_outputs.*` / `classifier.*` as unknown
+tensors (and, for question answering, initialises the absent pooler).
 
 Layout differences handled here (Hugging Face -> bert_jax):
   Linear weight [out, in]                -> kernel [in, out]
@@ -24,7 +28,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -32,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.modeling import BERT_CONFIG_FIELDS, BertConfig, BertForPreTraining
+from bert_jax.modeling import (BERT_CONFIG_FIELDS, BertConfig, BertForPreTraining, BertForQuestionAnswering,
+                               BertForSequenceClassification)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +139,13 @@ def _rules(config: BertConfig) -> list[_Rule]:
     return rules
 
 
+# Fine-tuning heads that `to_hf` writes (top-level key of the tree -> transformers class); not read by
+# `from_hf`, whose tree is always BertForPreTraining's.
+_TASK_HEADS = {"qa_outputs": "BertForQuestionAnswering", "classifier": "BertForSequenceClassification"}
+_TASK_HEAD_RULES = [*_linear("qa_outputs", "qa_outputs"), *_linear("classifier", "classifier")]
+_PRETRAINING_KEYS = ("bert", "mlm_transform", "mlm_LayerNorm", "mlm_output_bias", "nsp")
+
+
 def stack_layers(params: Mapping[str, Any], num_layers: int) -> dict:
     """Turns `encoder/layer_{i}` subtrees into one `encoder/layers` tree with a leading [num_layers] axis.
 
@@ -232,11 +244,18 @@ def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
     return out
 
 
-def _abstract_params(config: BertConfig) -> dict:
-    """Shapes of the (unscanned) BertForPreTraining params, without allocating them."""
-    model = BertForPreTraining(config.replace(scan_layers=False))
+def _abstract_params(config: BertConfig, architecture: str = "BertForPreTraining", num_labels: int = 2) -> dict:
+    """Shapes of the (unscanned) params of the bert_jax model of `architecture` (BertForPreTraining,
+    BertForQuestionAnswering or BertForSequenceClassification with `num_labels`), without allocating them."""
+    config = config.replace(scan_layers=False)
     ids = jnp.zeros((1, 2), jnp.int32)
-    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, masked_lm_positions=ids)))
+    if architecture == "BertForQuestionAnswering":
+        model, extra = BertForQuestionAnswering(config), {}
+    elif architecture == "BertForSequenceClassification":
+        model, extra = BertForSequenceClassification(config, num_labels=num_labels), {}
+    else:
+        model, extra = BertForPreTraining(config), {"masked_lm_positions": ids}
+    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, **extra)))
     return traverse_util.flatten_dict(shapes["params"], sep="/")
 
 
@@ -329,47 +348,103 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
             os.remove(tmp)
 
 
-def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str) -> None:
+def _architecture(params: Mapping[str, Any]) -> str:
+    """The transformers class that `to_hf` writes a tree as, from the tree's top-level keys."""
+    if "bert" not in params:
+        return "BertModel"
+    heads = sorted(set(params) & set(_TASK_HEADS))
+    if len(heads) > 1:
+        raise ValueError(f"params: both {' and '.join(heads)} heads; a tree has at most one fine-tuning head")
+    architecture = _TASK_HEADS[heads[0]] if heads else "BertForPreTraining"
+    extra = sorted(set(params) - ({"bert", *heads} if heads else set(_PRETRAINING_KEYS)))
+    if extra:
+        paths = sorted(traverse_util.flatten_dict({k: params[k] for k in extra}, sep="/"))
+        raise ValueError(f"params: entries not part of a BERT model ({architecture}): {paths}; to_hf writes "
+                         "BertModel trees and trees of 'bert' with the pre-training heads (mlm_*, nsp), "
+                         "qa_outputs or classifier")
+    return architecture
+
+
+def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
+          labels: Sequence[str] | None = None) -> None:
     """Writes `params` as a Hugging Face BERT directory (config.json + model.safetensors).
+
+    The kind of tree is told by its top-level keys, and transformers' `from_pretrained` of the class
+    named in config.json `architectures` loads the directory with no missing or unexpected tensor:
+      "bert" + mlm_transform, mlm_LayerNorm, mlm_output_bias, nsp -> `BertForPreTraining`
+      "bert" + "qa_outputs" (`modeling.BertForQuestionAnswering`, no pooler) -> `BertForQuestionAnswering`
+        (qa_outputs.weight [2, D], qa_outputs.bias [2]; start logits index 0, end logits index 1)
+      "bert" + "classifier" (`modeling.BertForSequenceClassification`) -> `BertForSequenceClassification`
+        (classifier.weight [C, D], classifier.bias [C]; config.json id2label / label2id of C labels)
+      embeddings, encoder, pooler (`modeling.BertModel`) -> `BertModel`
+    Names are prefixed `bert.` except in a BertModel tree and for the heads.
 
     Args:
       config: the model config.
-      params: a BertForPreTraining tree (written as `BertForPreTraining`, names prefixed `bert.`) or a
-        BertModel tree (written as `BertModel`); scanned or unscanned layers.
+      params: one of the trees above, with scanned or unscanned layers; leaves in any float dtype
+        (written as float32).
       out_dir: created if missing; each file is written to a temporary name and renamed.
+      labels: for a classifier tree only, the C class names in index order, written as config.json
+        id2label / label2id; by default "LABEL_0" .. "LABEL_{C-1}", as transformers names them.
 
     Raises:
-      ValueError: a parameter that the config does not predict, or of the wrong shape.
+      ValueError: a parameter that the config and the tree's kind do not predict (an unknown top-level
+        head, both qa_outputs and classifier, a pooler in a question-answering tree), a missing one, or
+        one of the wrong shape; `labels` for a tree without classifier, or not C distinct strings. Each
+        message is one line naming the parameter.
     """
     params = jax.device_get(dict(params))
     if any("encoder/layers/" in p for p in traverse_util.flatten_dict(params, sep="/")):
         params = unstack_layers(params)
-    pretraining = "bert" in params
-    flat = traverse_util.flatten_dict(params if pretraining else {"bert": params}, sep="/")
-    expected = _abstract_params(config)
+    architecture = _architecture(params)
+    flat = traverse_util.flatten_dict(params if "bert" in params else {"bert": params}, sep="/")
+    num_labels = 2
+    if architecture == "BertForSequenceClassification":
+        if "classifier/kernel" not in flat:
+            raise ValueError("params: missing classifier/kernel for classifier.weight")
+        shape = np.shape(flat["classifier/kernel"])
+        if len(shape) != 2 or shape[1] < 1:
+            raise ValueError(f"params: classifier/kernel has shape {shape}, expected "
+                             f"({config.hidden_size}, num_labels)")
+        num_labels = shape[1]
+    if labels is not None:
+        if architecture != "BertForSequenceClassification":
+            raise ValueError(f"labels: given for a {architecture} tree, which has no classifier")
+        labels = list(labels)
+        if (len(labels) != num_labels or len(set(labels)) != len(labels)
+                or not all(isinstance(x, str) for x in labels)):
+            raise ValueError(f"labels: {labels} are not {num_labels} distinct strings, one per column of "
+                             f"classifier/kernel {shape}")
+    expected = _abstract_params(config, architecture, num_labels)
+    if architecture == "BertModel":
+        rules = [r for r in _rules(config) if r.ours.startswith("bert/")]
+    else:
+        rules = [r for r in _rules(config) + _TASK_HEAD_RULES if r.ours in expected]
     tensors = {}
-    for rule in _rules(config):
+    for rule in rules:
         if rule.ours not in flat:
-            if pretraining or not rule.ours.startswith(("mlm_", "nsp")):
-                raise ValueError(f"params: missing {rule.ours} for {rule.hf}")
-            continue
+            raise ValueError(f"params: missing {rule.ours} for {rule.hf}")
         value = np.asarray(flat.pop(rule.ours), dtype=np.float32)
         if value.shape != tuple(expected[rule.ours].shape):
             raise ValueError(f"params: {rule.ours} has shape {value.shape}, expected "
                              f"{tuple(expected[rule.ours].shape)}")
-        name = f"bert.{rule.hf}" if pretraining and not rule.hf.startswith("cls.") else rule.hf
-        tensors[name] = np.ascontiguousarray(rule.to_hf(value, config))
+        prefixed = architecture != "BertModel" and rule.ours.startswith("bert/")
+        tensors[f"bert.{rule.hf}" if prefixed else rule.hf] = np.ascontiguousarray(rule.to_hf(value, config))
     if flat:
-        raise ValueError(f"params: entries not part of a BERT model: {sorted(flat)}")
+        raise ValueError(f"params: entries not part of a BERT model ({architecture}): {sorted(flat)}")
 
     hf_config = {
-        "architectures": ["BertForPreTraining" if pretraining else "BertModel"],
+        "architectures": [architecture],
         "model_type": "bert",
         **config.to_dict(),
         "pad_token_id": 0,
         "position_embedding_type": "absolute",
         "torch_dtype": "float32",
     }
+    if architecture == "BertForSequenceClassification":
+        names = labels if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
+        hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        hf_config["label2id"] = {name: i for i, name in enumerate(names)}
     os.makedirs(out_dir, exist_ok=True)
     from safetensors.numpy import save_file
 

