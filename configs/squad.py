@@ -8,7 +8,11 @@ comes from the checkpoint and only the compute options of config.model apply.
 
 Defaults are google-research/bert run_squad.py's flags (max_seq_length 384, doc_stride 128,
 max_query_length 64, train_batch_size 32, learning_rate 5e-5, 3 epochs, warmup_proportion 0.1,
-n_best_size 20, max_answer_length 30, null_score_diff_threshold 0.0).
+n_best_size 20, max_answer_length 30, null_score_diff_threshold 0.0). One addition, on by default:
+tune_null_threshold (v2.0) also reports the official v2.0 script's best_f1 / best_exact and their
+thresholds, and writes predictions.json at the best-F1 threshold, which is tuned on the predict file
+itself; the metrics at null_score_diff_threshold are reported beside them (set it False for the
+original's behaviour).
 """
 
 import ml_collections
