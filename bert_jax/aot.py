@@ -49,17 +49,19 @@ class Chip:
 
 
 GIB = 1024**3
+_V3, _V5E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v3"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5 lite"]
+_V4_CORE = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v4"] / 2
 TOPOLOGIES = {
-    "v3-32": Chip("v3:4x4x1", 61.5e12, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
-    "v3-128": Chip("v3:8x8x1", 61.5e12, 16 * GIB, 450e9),    # 64 chips: BERT-Large (paper)
-    "v3-8": Chip("v3:2x2x1", 61.5e12, 16 * GIB, 450e9),
+    "v3-32": Chip("v3:4x4x1", _V3, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
+    "v3-128": Chip("v3:8x8x1", _V3, 16 * GIB, 450e9),    # 64 chips: BERT-Large (paper)
+    "v3-8": Chip("v3:2x2x1", _V3, 16 * GIB, 450e9),
     # v4 names count TensorCores, like v3's: v4-32 is 16 chips. The compile-only topology exposes both
     # cores of a chip as devices (no megacore), so each device gets half a chip: 137.5 of the chip's
     # 275 TFLOP/s bfloat16, 16 of its 32 GiB, 600 of its 1200 GB/s.
-    "v4-32": Chip("v4:2x2x4", 137.5e12, 16 * GIB, 600e9),    # 16 chips
-    "v4-128": Chip("v4:4x4x4", 137.5e12, 16 * GIB, 600e9),   # 64 chips
-    "v5e-16": Chip("v5e:4x4", 197e12, 16 * GIB, 819e9),      # 16 chips, one core each
-    "v5e-64": Chip("v5e:8x8", 197e12, 16 * GIB, 819e9),      # 64 chips
+    "v4-32": Chip("v4:2x2x4", _V4_CORE, 16 * GIB, 600e9),    # 16 chips
+    "v4-128": Chip("v4:4x4x4", _V4_CORE, 16 * GIB, 600e9),   # 64 chips
+    "v5e-16": Chip("v5e:4x4", _V5E, 16 * GIB, 819e9),      # 16 chips, one core each
+    "v5e-64": Chip("v5e:8x8", _V5E, 16 * GIB, 819e9),      # 64 chips
 }
 
 

@@ -375,7 +375,8 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     start_step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
     # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
-    peak_flops = config.peak_tflops_per_device * 1e12 or flops.peak_flops_per_device(jax.devices()[0].device_kind)
+    peak_flops = (config.peak_tflops_per_device * 1e12
+                  or flops.peak_flops_per_device(mesh.devices.flat[0].device_kind))
 
     saved = {latest}
 
