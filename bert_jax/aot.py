@@ -9,10 +9,10 @@ outputs, total against the chip's HBM), FLOPs per step from the compiled program
 FLOPs (`bert_jax.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
 device. Exit status 1 when a phase does not fit in HBM.
 
-Chip figures, per JAX device as in `TOPOLOGIES` (v3 and v4 chips have 2 TensorCores, each a device of
-the compile-only topology; v5e has one): v3 core 61.5 bf16 TFLOP/s, 16 GiB, 450 GB/s; v4 core 137.5
-TFLOP/s, 16 GiB, 600 GB/s (half of a v4 chip's 275 TFLOP/s, 32 GiB, 1200 GB/s); v5e chip 197 TFLOP/s,
-16 GiB, 819 GB/s.
+Chip figures, per JAX device as in `TOPOLOGIES`, which are the devices a real slice shows: a v3 chip's
+two TensorCores are two devices; a v4 chip runs its two TensorCores as one "megacore" device (compiled
+with libtpu's `chip_config_name="megacore"`); a v5e chip has one core. v3 core 61.5 bf16 TFLOP/s, 16 GiB,
+450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s; v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s.
 """
 
 from __future__ import annotations
@@ -40,26 +40,33 @@ class Chip:
       peak_flops: peak bfloat16 FLOP/s per device.
       hbm_bytes: HBM capacity per device, bytes.
       hbm_bandwidth: HBM bandwidth per device, bytes/s.
+      options: extra keyword arguments of `topologies.get_topology_desc` (v4: megacore devices).
     """
 
     topology: str  # jax.experimental.topologies name
     peak_flops: float  # bf16 FLOP/s per JAX device
     hbm_bytes: float  # per JAX device
     hbm_bandwidth: float  # bytes/s per JAX device
+    options: tuple[tuple[str, str], ...] = ()  # extra get_topology_desc keyword arguments
+
+    def devices(self) -> list:
+        """The compile-only devices of this slice (needs libtpu)."""
+        from jax.experimental import topologies
+
+        return topologies.get_topology_desc(topology_name=self.topology, platform="tpu", **dict(self.options)).devices
 
 
 GIB = 1024**3
 _V3, _V5E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v3"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5 lite"]
-_V4_CORE = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v4"] / 2
+_V4 = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v4"]
+_MEGACORE = (("chip_config_name", "megacore"),)
 TOPOLOGIES = {
     "v3-32": Chip("v3:4x4x1", _V3, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
     "v3-128": Chip("v3:8x8x1", _V3, 16 * GIB, 450e9),    # 64 chips: BERT-Large (paper)
     "v3-8": Chip("v3:2x2x1", _V3, 16 * GIB, 450e9),
-    # v4 names count TensorCores, like v3's: v4-32 is 16 chips. The compile-only topology exposes both
-    # cores of a chip as devices (no megacore), so each device gets half a chip: 137.5 of the chip's
-    # 275 TFLOP/s bfloat16, 16 of its 32 GiB, 600 of its 1200 GB/s.
-    "v4-32": Chip("v4:2x2x4", _V4_CORE, 16 * GIB, 600e9),    # 16 chips
-    "v4-128": Chip("v4:4x4x4", _V4_CORE, 16 * GIB, 600e9),   # 64 chips
+    # v4 names count TensorCores, like v3's: v4-32 is 16 chips, each one megacore JAX device.
+    "v4-32": Chip("v4:2x2x4", _V4, 32 * GIB, 1200e9, _MEGACORE),    # 16 chips
+    "v4-128": Chip("v4:4x4x4", _V4, 32 * GIB, 1200e9, _MEGACORE),   # 64 chips
     "v5e-16": Chip("v5e:4x4", _V5E, 16 * GIB, 819e9),      # 16 chips, one core each
     "v5e-64": Chip("v5e:8x8", _V5E, 16 * GIB, 819e9),      # 64 chips
 }
@@ -112,8 +119,6 @@ def report(config, topology_name: str) -> bool:
     """
     import importlib.util
 
-    from jax.experimental import topologies
-
     if importlib.util.find_spec("libtpu") is None:
         raise ImportError("libtpu is not installed, so there is no TPU compiler")
 
@@ -122,7 +127,7 @@ def report(config, topology_name: str) -> bool:
         sizes = sharding.preset_sizes(config.mesh.preset)  # before loading libtpu: an unknown name fails fast
     else:
         sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    devices = topologies.get_topology_desc(topology_name=chip.topology, platform="tpu").devices
+    devices = chip.devices()
     mesh_shape = sharding.mesh_shape(*sizes, len(devices))
     phases = train.resolve_phases(config)
     bert = train.create_model(config).config

@@ -24,7 +24,10 @@ from flax import traverse_util
 
 def learning_rate_schedule(learning_rate: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then linear decay to 0 at
-    `total_steps` (the original's polynomial_decay with power 1 after the warmup).
+    `total_steps`, from the peak at the end of the warmup (as transformers' linear schedule). The original's
+    optimization.py decays from step 0 instead (learning_rate * (1 - step / total_steps) once warm), which
+    is lower by the factor (1 - warmup_steps / total_steps) right after the warmup: 1% for BERT-Base's
+    10k of 1M steps.
 
     Raises:
       ValueError: non-positive total_steps, negative warmup_steps, or warmup_steps > total_steps.

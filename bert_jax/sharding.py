@@ -14,7 +14,9 @@ first rule whose mesh axis is not already used by the same array, so the activat
 ("vocab", "embed") becomes ("tensor", "fsdp").
 
 Presets name the paper's pods (BERT-Base on 16 TPU chips, BERT-Large on 64) for TPU v3 (2 cores = 2 JAX
-devices per chip), v4 and v5e (1 device per chip), plus "cpu" (every local device on `data`).
+devices per chip), v4 (2 cores run as one "megacore" device per chip) and v5e (1 core, 1 device per chip),
+plus "cpu" (every local device on `data`). Pod names count TensorCores for v3 and v4 (v4-32 is 16 chips)
+and chips for v5e.
 """
 
 from __future__ import annotations
@@ -44,15 +46,14 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("layers", None),
 )
 
-# name: (data, fsdp, tensor); -1 = all remaining devices. v3 and v4 pods show 2 devices per chip (their
-# names count TensorCores), v5e one.
+# name: (data, fsdp, tensor); -1 = all remaining devices. A v3 chip shows 2 devices, v4 and v5e chips 1.
 MESH_PRESETS: dict[str, tuple[int, int, int]] = {
     "cpu": (-1, 1, 1),
     "v3-32": (32, 1, 1),     # BERT-Base, 16 chips (paper)
-    "v4-32": (32, 1, 1),     # 16 chips (32 TensorCores)
+    "v4-32": (16, 1, 1),     # 16 chips (32 TensorCores as 16 megacore devices)
     "v5e-16": (16, 1, 1),    # 16 chips
     "v3-128": (16, 8, 1),    # BERT-Large, 64 chips (paper)
-    "v4-128": (16, 8, 1),    # 64 chips
+    "v4-128": (8, 8, 1),     # 64 chips
     "v5e-64": (8, 8, 1),     # 64 chips
 }
 
@@ -112,7 +113,11 @@ def preset_sizes(name: str) -> tuple[int, int, int]:
 def preset_mesh(name: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The mesh of a preset (see MESH_PRESETS); ValueError naming the preset when it is unknown or
     does not fit the devices."""
-    return make_mesh(*preset_sizes(name), devices=devices)
+    sizes = preset_sizes(name)
+    try:
+        return make_mesh(*sizes, devices=devices)
+    except ValueError as e:
+        raise ValueError(f"mesh preset {name!r}: {e}") from None
 
 
 def batch_axis_size(mesh: Mesh) -> int:
@@ -126,6 +131,33 @@ def check_batch(global_batch_size: int, mesh: Mesh) -> None:
     if global_batch_size % ways:
         raise ValueError(f"batch_size={global_batch_size} is not divisible by data*fsdp={ways} "
                          f"of mesh {dict(mesh.shape)}")
+
+
+def rows_per_process(mesh: Mesh, global_batch_size: int, process_of=None) -> dict[int, int]:
+    """How many distinct batch rows each process's devices hold under `batch_sharding`: {process: rows}.
+
+    Every process feeds its own rows (`jax.make_array_from_process_local_data`), so a usable mesh gives
+    each process global_batch_size / process_count of them. `process_of(device) -> int` defaults to
+    `device.process_index` (a test can pretend devices live on several hosts).
+    """
+    process_of = process_of or (lambda d: d.process_index)
+    indices = batch_sharding(mesh, 1).devices_indices_map((global_batch_size,))
+    rows: dict[int, set] = {}
+    for device, index in indices.items():
+        start, stop, _ = index[0].indices(global_batch_size)
+        rows.setdefault(process_of(device), set()).update(range(start, stop))
+    return {p: len(r) for p, r in sorted(rows.items())}
+
+
+def check_process_rows(mesh: Mesh, global_batch_size: int, process_of=None) -> None:
+    """ValueError (one line) unless every process holds global_batch_size / process_count distinct rows
+    (e.g. tensor=8 over two hosts of 4 devices: both hosts would hold every row)."""
+    rows = rows_per_process(mesh, global_batch_size, process_of)
+    wanted = global_batch_size // len(rows)
+    if any(r != wanted for r in rows.values()):
+        raise ValueError(f"mesh {dict(mesh.shape)} gives the {len(rows)} processes {sorted(set(rows.values()))} "
+                         f"batch rows each, not batch_size/{len(rows)}={wanted}: the data and fsdp axes must "
+                         "split the batch across processes")
 
 
 def logical_sharding(logical_axes: Any, mesh: Mesh) -> Any:

@@ -103,7 +103,13 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     """The mesh of `config.mesh` (a preset, or data/fsdp/tensor sizes over the first num_devices)."""
-    devices = jax.devices()[: config.mesh.num_devices] if config.mesh.get("num_devices") else None
+    num_devices = config.mesh.get("num_devices") or 0
+    if not 0 <= num_devices <= jax.device_count():
+        raise ValueError(f"config.mesh.num_devices={num_devices} is not in [0, {jax.device_count()}] "
+                         "(0: every device)")
+    if num_devices not in (0, jax.device_count()) and jax.process_count() > 1:
+        raise ValueError(f"config.mesh.num_devices={num_devices}: a multi-process run uses every device (0)")
+    devices = jax.devices()[:num_devices] if num_devices else None
     if config.mesh.preset:
         return sharding.preset_mesh(config.mesh.preset, devices)
     return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
@@ -113,8 +119,9 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
     """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
-    if config.grad_accum_steps < 1:
-        raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be at least 1")
+    for field in ("grad_accum_steps", "log_every", "checkpoint_every", "eval_every", "eval_batches", "keep_checkpoints"):
+        if config[field] < 1:
+            raise ValueError(f"config.{field}={config[field]} must be at least 1")
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
         if p.batch_size % config.grad_accum_steps or \
@@ -125,6 +132,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
         if p.batch_size % jax.process_count():
             raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by the "
                              f"{jax.process_count()} processes")
+        sharding.check_process_rows(mesh, p.batch_size)
         if need_data:
             _check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
                         p.max_predictions_per_seq)
@@ -134,17 +142,21 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
         if length > config.model.max_position_embeddings:
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds length {length}, over "
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
-        smallest = min(p.batch_size for p in phases)
-        if meta["num_instances"] < smallest:
+        largest = max(p.batch_size for p in phases)  # evaluation uses the current phase's batch size
+        if meta["num_instances"] < largest:
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds {meta['num_instances']} "
-                             f"instances, fewer than one batch of {smallest}")
+                             f"instances, fewer than one batch of {largest}")
     return phases
 
 
 def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = None,
                 max_predictions_per_seq: int | None = None) -> dict:
     """The metadata.json of the instance directory in config `field`, checked against the config: its
-    length and predictions (when given) and its vocabulary size. One-line FileNotFoundError / ValueError."""
+    length and predictions (when given) and its vocabulary size, and its shards present and complete (so
+    that phase 2's or the eval's data fail at the start, not at their first use). One-line
+    FileNotFoundError / ValueError."""
+    from bert_jax.data import pipeline
+
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
@@ -158,6 +170,7 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     if meta.get("vocab_size", 0) > config.model.vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
                          f"config.model.vocab_size={config.model.vocab_size}")
+    pipeline.open_shards(data_dir, meta)
     return meta
 
 
@@ -215,7 +228,8 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
                schedule: optax.Schedule, grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step (pure). batch: the standard fields, global [B, ...] arrays.
 
-    With grad_accum_steps = k > 1 the batch is split into k micro-batches of B / k rows, run one after
+    With grad_accum_steps = k > 1 the batch is split into k micro-batches of B / k rows (rows i, i + k,
+    ... form micro-batch i, so that no rows move between devices), run one after
     the other (`lax.scan`, so activations of one micro-batch at a time). Each micro-batch's losses are
     normalised by the whole batch's prediction and sequence counts, so the summed gradient and metrics
     equal those of the whole batch at once (dropout aside), even when the micro-batches hold different
@@ -232,8 +246,11 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
         else:
             denominators = (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
                             jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32))
+            # Micro-batch i holds rows i, i + k, i + 2k, ...: every device keeps its own rows (a contiguous
+            # split would put each micro-batch on 1/k of the batch shards and gather it there).
             micro = jax.tree_util.tree_map(
-                lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]), batch)
+                lambda x: x.reshape((x.shape[0] // grad_accum_steps, grad_accum_steps) + x.shape[1:]).swapaxes(0, 1),
+                batch)
 
             def accumulate(carry, inputs):
                 i, micro_batch = inputs
@@ -392,16 +409,27 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     progress = summaries.progress_bar(start_step, final_step, is_main, "pre-training")
     pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
     window_start, window_steps = time.perf_counter(), 0
+    compiling_step = start_step + 1  # a step that includes compilation, timed out of the throughput
+
+    def untimed(work):  # runs work() with its time (and the steps before it) kept out of the throughput
+        nonlocal window_start
+        jax.block_until_ready(state)
+        began = time.perf_counter()
+        result = work()
+        window_start += time.perf_counter() - began
+        return result
+
     step = start_step
     try:
         with jax.set_mesh(mesh):
             while step < final_step:
                 if step == phase.end:  # phase switch: checkpoint, then the next phase's data
                     _check_finite(pending)
-                    save(step, phase, iterator)
+                    untimed(lambda: save(step, phase, iterator))
                     phase = phases[phase.index + 1]
                     iterator.close()
                     iterator = _iterator(phase, config, None)
+                    compiling_step = step + 1  # new shapes: the step compiles again
                 batch = global_batch(next(iterator), mesh)
                 state, metrics = step_fn(state, batch)
                 _check_finite(pending)
@@ -409,8 +437,8 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
                 step += 1
                 window_steps += 1
                 progress.update(1)
-                if step == start_step + 1 and step % config.log_every and step != final_step:
-                    # The first step of a process includes compilation: time the throughput from here.
+                if step == compiling_step and step % config.log_every and step != final_step:
+                    # The first step of a process or of a phase includes compilation: time from here.
                     jax.block_until_ready(state)
                     window_start, window_steps = time.perf_counter(), 0
                 if step % config.log_every == 0 or step == final_step:
@@ -429,14 +457,15 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
                                          nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
                     window_start, window_steps = time.perf_counter(), 0
                 if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
-                    summaries.write_scalars(writer, step, _evaluate(eval_fn, state.params, config, phase, mesh), "eval")
+                    values = untimed(lambda: _evaluate(eval_fn, state.params, config, phase, mesh))
+                    summaries.write_scalars(writer, step, values, "eval")
                 # One process alone may have seen SIGTERM: on several hosts, Orbax's preemption sync (the
                 # JAX coordination service) makes all of them agree on the step.
                 preempted = preemption.requested if jax.process_count() == 1 else \
                     checkpointer.manager.reached_preemption(step)
                 if preempted or step % config.checkpoint_every == 0 or step == final_step:
                     _check_finite(pending)
-                    save(step, phase, iterator)
+                    untimed(lambda: save(step, phase, iterator))
                     if preempted:
                         print(f"SIGTERM: checkpoint saved at step {step}, exiting", file=sys.stderr, flush=True)
                         break
@@ -465,16 +494,25 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
 
     it = pipeline.make_pretraining_iterator(config.eval_data_dir, global_batch_size=phase.batch_size, shuffle=False,
                                             num_epochs=1)
+    # MLM metrics are per prediction (each batch weighted by its masked_lm_weights sum), the others per
+    # sequence (batches are equal): the values one pass over all the batches at once would give.
     totals: dict[str, float] = {}
-    n = 0
-    for local in it:
+    weights: dict[str, float] = {}
+    for n, local in enumerate(it):
         if n == config.eval_batches:
             break
-        for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-        n += 1
+        metrics = {k: float(v) for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items()}
+        for k, v in metrics.items():
+            w = metrics["num_predictions"] if k.startswith("mlm_") else 1.0
+            totals[k] = totals.get(k, 0.0) + w * v
+            weights[k] = weights.get(k, 0.0) + w
     it.close()
-    return {k: v / max(n, 1) for k, v in totals.items()}
+    out = {k: totals[k] / weights[k] for k in totals if weights[k]}
+    if "num_predictions" in totals:
+        out["num_predictions"] = totals["num_predictions"]  # all of them
+    if "mlm_loss" in out:
+        out["loss"] = out["mlm_loss"] + out["nsp_loss"]  # as the step's loss: mean MLM + mean NSP
+    return out
 
 
 def main(argv):

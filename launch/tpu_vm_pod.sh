@@ -10,7 +10,7 @@
 #       --config.phases[1].data_dir=gs://my-bucket/p2
 #
 # Everything after `--` goes to the entry point (default bert_jax.train; --module picks another).
-# The runtime image must provide Python >= 3.11 (as python3.11 or python3).
+# Workers use the image's Python if it is >= 3.11, else install CPython 3.11 with uv (needs internet).
 set -euo pipefail
 
 NAME="" ZONE="" ACCELERATOR="" RUNTIME="tpu-ubuntu2204-base" WORKDIR="" MODULE="bert_jax.train"
@@ -68,12 +68,16 @@ if [[ $DELETE == 1 ]]; then
   trap 'exit 130' INT
   trap 'exit 143' TERM
 fi
+# Python >= 3.11 on each worker (jax needs it): the image's python3 if new enough (python3.11 first), else
+# a standalone CPython 3.11 installed by uv (pip-installed for the user; the Ubuntu 22.04 TPU images ship
+# Python 3.10).
+FIND_PYTHON='PY=$(command -v python3.11 || true); if [ -z "$PY" ]; then if python3 -c "import sys; sys.exit(sys.version_info < (3, 11))"; then PY=python3; else python3 -m pip install -q --user uv && ~/.local/bin/uv python install 3.11 && PY=$(~/.local/bin/uv python find 3.11); fi; fi'
 # The working tree (without .venv, caches or data) to every worker, then the install.
 run tar --exclude=.venv --exclude=.git --exclude='*.egg-info' --exclude=__pycache__ -czf /tmp/bert_jax_src.tgz \
   -C "$SRC" .
 run "${TPU[@]}" scp /tmp/bert_jax_src.tgz "$NAME:~/" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
-  "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && \$(command -v python3.11 || command -v python3) -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
+  "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
 # Every worker runs the same program; jax.distributed finds the pod's other hosts itself. Each worker
 # keeps the process id in run.pid.
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \

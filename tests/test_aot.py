@@ -47,13 +47,13 @@ def test_unknown_mesh_preset_and_positional_arguments_are_one_line():
 
 
 def test_pod_presets_cover_their_topologies():
-    """Each pod's mesh preset uses exactly the devices libtpu's topology exposes (v3 and v4 two per
-    chip, v5e one), and the paper's pods are 16 and 64 chips for every generation."""
-    script = ("from jax.experimental import topologies\n"
-              "from bert_jax import aot, sharding\n"
+    """Each pod's mesh preset uses exactly the devices libtpu's topology exposes (v3 two per chip; v4
+    one megacore device per chip, as on a real slice; v5e one), and the paper's pods are 16 and 64 chips
+    for every generation."""
+    script = ("from bert_jax import aot, sharding\n"
               "import math\n"
               "for name, chip in aot.TOPOLOGIES.items():\n"
-              "    devices = topologies.get_topology_desc(topology_name=chip.topology, platform='tpu').devices\n"
+              "    devices = chip.devices()\n"
               "    chips = len({tuple(d.coords) for d in devices})\n"
               "    preset = math.prod(sharding.MESH_PRESETS[name]) if name in sharding.MESH_PRESETS else None\n"
               "    print('ROW', name, len(devices), chips, preset)\n")
@@ -62,8 +62,9 @@ def test_pod_presets_cover_their_topologies():
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {r[1]: tuple(None if x == "None" else int(x) for x in r[2:])
             for r in (line.split() for line in result.stdout.splitlines() if line.startswith("ROW"))}
-    for name, (devices, _, preset) in rows.items():
+    for name, (devices, chips, preset) in rows.items():
         assert preset in (None, devices), (name, devices, preset)
+        assert devices == (2 * chips if name.startswith("v3") else chips), (name, devices, chips)
     assert {name: rows[name][1] for name in ("v3-32", "v4-32", "v5e-16")} == {"v3-32": 16, "v4-32": 16, "v5e-16": 16}
     assert {name: rows[name][1] for name in ("v3-128", "v4-128", "v5e-64")} == {"v3-128": 64, "v4-128": 64,
                                                                                  "v5e-64": 64}

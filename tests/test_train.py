@@ -5,6 +5,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,7 +115,7 @@ def test_rules_table_gives_the_hand_written_layout(shape, instances):
     _assert_layout_by_hand(shardings)
 
 
-def test_config_errors_before_compiling(instances):
+def test_config_errors_before_compiling(instances, tmp_path):
     mesh = sharding.make_mesh(8, 1, 1)
 
     def error(config, kind=ValueError):
@@ -145,6 +146,28 @@ def test_config_errors_before_compiling(instances):
     assert "config.grad_accum_steps=0 must be at least 1" in error(bad)
     bad = _config(instances, eval_data_dir="/nonexistent/eval")
     assert "config.eval_data_dir='/nonexistent/eval': no metadata.json" in error(bad, FileNotFoundError)
+    for field in ("log_every", "checkpoint_every", "eval_every", "keep_checkpoints"):
+        assert f"config.{field}=0 must be at least 1" in error(_config(instances, **{field: 0}))
+    bad = _config(instances, eval_data_dir=str(instances / "p1"))
+    bad.phases[1].batch_size = 8 * 100_000  # evaluation in phase 2 takes phase 2's batch
+    assert re.search(r"holds \d+ instances, fewer than one batch of 800000", error(bad))
+    shutil.copytree(instances / "p2", tmp_path / "p2")
+    shard = sorted((tmp_path / "p2").glob("*.array_record"))[-1]
+    shard.unlink()  # phase 2's data is read only at the switch: its loss must show now
+    bad = _config(instances)
+    bad.phases[1].data_dir = str(tmp_path / "p2")
+    assert error(bad, FileNotFoundError) == f"{shard}: shard listed in metadata.json is missing"
+    bad = _config(instances)
+    bad.mesh.num_devices = 9
+    with pytest.raises(ValueError, match=r"^config.mesh.num_devices=9 is not in \[0, 8\] \(0: every device\)$"):
+        train.make_mesh(bad)
+    # Two pretend hosts of 4 devices: data=8 gives each 4 of 8 rows; tensor=8 would give both all 8.
+    two_hosts = lambda d: d.id // 4  # noqa: E731
+    assert sharding.rows_per_process(mesh, 8, two_hosts) == {0: 4, 1: 4}
+    sharding.check_process_rows(mesh, 8, two_hosts)
+    assert sharding.rows_per_process(sharding.make_mesh(1, 1, 8), 8, two_hosts) == {0: 8, 1: 8}
+    with pytest.raises(ValueError, match=r"gives the 2 processes \[8\] batch rows each, not batch_size/2=4"):
+        sharding.check_process_rows(sharding.make_mesh(1, 1, 8), 8, two_hosts)
     with pytest.raises(ValueError, match="needs 16 devices, but 8 are available"):
         sharding.make_mesh(4, 4, 1)
     config = _config(instances)
@@ -395,13 +418,15 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 100, 16
     config.peak_tflops_per_device = 2.0  # a CPU has no published peak: MFU only with one given
     history = []
-    original_write = summaries.write_scalars
+    original_write, original_evaluate = summaries.write_scalars, train._evaluate
     summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, prefix, values)),
                                                                     original_write(writer, step, values, prefix))
+    # A slow evaluation (3 s, about two 10-step windows here) must not show in the throughput.
+    train._evaluate = lambda *args: (time.sleep(3), original_evaluate(*args))[1]
     try:
         final = train.train_and_evaluate(config, str(tmp_path / "run"))
     finally:
-        summaries.write_scalars = original_write
+        summaries.write_scalars, train._evaluate = original_write, original_evaluate
     evals = [v for step, prefix, v in history if prefix == "eval"]
     train_logs = [v for step, prefix, v in history if prefix == "train"]
     assert len(evals) == 2  # eval_step at steps 100 and 200
@@ -425,9 +450,61 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy + 0.01)
     assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second", "mfu"} <= last.keys()
     assert last["tokens_per_second"] == pytest.approx(64 * last["sequences_per_second"])
+    rates = {step: v["sequences_per_second"] for step, prefix, v in history if prefix == "train"}
+    typical = np.median(list(rates.values()))
+    assert rates[110] > 0.6 * typical, (rates[110], typical)  # the window after the evaluation at step 100
     step_flops = 3 * 32 * flops.forward_flops_per_sequence(train.create_model(config).config, 64, 10)
     assert last["mfu"] == pytest.approx(step_flops * last["sequences_per_second"] / 32 / 2e12, rel=1e-6)
     assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written
+
+
+def test_evaluation_pools_predictions_over_batches(instances):
+    """_evaluate's MLM figures are per prediction over all batches, NSP per sequence: checked with a
+    stand-in eval step whose "loss" is the mean masked_lm_id (MLM) or label (NSP) of its batch, against
+    the same means over every evaluated instance read directly."""
+    config = _config(instances, eval_data_dir=str(instances / "p1"), eval_batches=3)
+    phase = train.resolve_phases(config)[0]
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+    def fake_eval(params, batch):
+        w = np.asarray(batch["masked_lm_weights"])
+        ids, labels = np.asarray(batch["masked_lm_ids"]), np.asarray(batch["next_sentence_labels"])
+        return {"mlm_loss": (ids * w).sum() / w.sum(), "mlm_accuracy": (w * (ids % 2)).sum() / w.sum(),
+                "nsp_loss": labels.mean(), "nsp_accuracy": labels.mean(), "num_predictions": w.sum()}
+
+    with jax.set_mesh(mesh):
+        result = train._evaluate(fake_eval, None, config, phase, mesh)
+    rows = list(pretraining.iterate_instances(str(instances / "p1")))[: 3 * phase.batch_size]
+    assert len(rows) == 3 * phase.batch_size
+    w = np.concatenate([r["masked_lm_weights"] for r in rows])
+    ids = np.concatenate([r["masked_lm_ids"] for r in rows])
+    labels = np.array([int(r["next_sentence_labels"]) for r in rows])
+    counts = [sum(r["masked_lm_weights"].sum() for r in rows[i:i + phase.batch_size]) for i in range(0, len(rows), phase.batch_size)]
+    assert len(set(counts)) > 1, counts  # batches of unequal prediction counts, or the test proves less
+    assert result["mlm_loss"] == pytest.approx((ids * w).sum() / w.sum(), rel=1e-6)
+    assert result["mlm_accuracy"] == pytest.approx((w * (ids % 2)).sum() / w.sum(), rel=1e-6)
+    assert result["nsp_accuracy"] == pytest.approx(labels.mean(), rel=1e-6)
+    assert result["num_predictions"] == w.sum()
+    assert result["loss"] == pytest.approx(result["mlm_loss"] + result["nsp_loss"])
+
+
+def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
+    """On data=8, the accumulating step moves no batch rows between devices: its compiled program has
+    the gradient all-reduce and nothing else (a contiguous micro-batch split adds an all-gather)."""
+    config = _config(instances, grad_accum_steps=2)
+    mesh = sharding.make_mesh(8, 1, 1)
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
+    abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                      abstract, shardings)
+    batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
+    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)
+    with jax.set_mesh(mesh):
+        hlo = step_fn.lower(abstract, train.global_batch(batch, mesh)).compile().as_text()
+    ops = {op for op in ("all-gather", "collective-permute", "all-to-all", "all-reduce") if f" {op}(" in hlo
+           or f" {op}-start(" in hlo}
+    assert ops == {"all-reduce"}, ops
 
 
 def test_gradient_accumulation_matches_one_big_batch(instances):
@@ -439,7 +516,7 @@ def test_gradient_accumulation_matches_one_big_batch(instances):
     model = train.create_model(config)
     tx, schedule = train.create_optimizer(config)
     batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
-    counts = batch["masked_lm_weights"].reshape(4, -1).sum(axis=1)
+    counts = batch["masked_lm_weights"].reshape(-1, 4, batch["masked_lm_weights"].shape[1]).sum(axis=(0, 2))
     assert len(set(counts.tolist())) > 1, counts  # the micro-batches differ, or the test proves less
     results = []
     for k in (1, 4):

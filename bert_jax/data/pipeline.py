@@ -149,6 +149,24 @@ class PretrainingIterator(grain.DatasetIterator):
             self._it.close()
 
 
+def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSource":
+    """The ArrayRecord shards that `metadata` (the directory's metadata.json) lists, checked complete.
+
+    Raises:
+      FileNotFoundError: a listed shard is missing.
+      ValueError: the shards hold no records, or not metadata["num_instances"] of them.
+    """
+    shards = [storage.join(path, s) for s in metadata["shards"]]
+    for shard in shards:
+        if not storage.is_file(shard):
+            raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
+    source = grain.sources.ArrayRecordDataSource(shards)
+    if len(source) != metadata["num_instances"] or len(source) == 0:
+        raise ValueError(f"{path}: shards hold {len(source)} records, metadata.json "
+                         f"num_instances={metadata['num_instances']}")
+    return source
+
+
 def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
                               num_epochs: int | None = None, process_index: int | None = None,
                               process_count: int | None = None, max_seq_length: int | None = None,
@@ -201,16 +219,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
-    shards = [storage.join(path, s) for s in metadata["shards"]]
-    for shard in shards:
-        if not storage.is_file(shard):
-            raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
-
-    source = grain.sources.ArrayRecordDataSource(shards)
+    source = open_shards(path, metadata)
     num_instances = len(source)
-    if num_instances != metadata["num_instances"] or num_instances == 0:
-        raise ValueError(f"{path}: shards hold {num_instances} records, metadata.json "
-                         f"num_instances={metadata['num_instances']}")
     local_batch_size = global_batch_size // process_count
     ds = grain.MapDataset.source(source)
     if shuffle:
