@@ -99,6 +99,21 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
     return Mesh(grid, MESH_AXES)
 
 
+def select_devices(num_devices: int) -> list[jax.Device] | None:
+    """The first `num_devices` of jax.devices(), or None (every device) for 0: the configs' mesh.num_devices.
+
+    Raises:
+      ValueError: (one line) num_devices outside [0, jax.device_count()], or a subset asked for in a
+        multi-process run (every process must take part).
+    """
+    if not 0 <= num_devices <= jax.device_count():
+        raise ValueError(f"config.mesh.num_devices={num_devices} is not in [0, {jax.device_count()}] "
+                         "(0: every device)")
+    if num_devices not in (0, jax.device_count()) and jax.process_count() > 1:
+        raise ValueError(f"config.mesh.num_devices={num_devices}: a multi-process run uses every device (0)")
+    return jax.devices()[:num_devices] if num_devices else None
+
+
 def preset_sizes(name: str) -> tuple[int, int, int]:
     """The (data, fsdp, tensor) sizes of a MESH_PRESETS name (-1 = all remaining devices).
 

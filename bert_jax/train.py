@@ -103,13 +103,7 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     """The mesh of `config.mesh` (a preset, or data/fsdp/tensor sizes over the first num_devices)."""
-    num_devices = config.mesh.get("num_devices") or 0
-    if not 0 <= num_devices <= jax.device_count():
-        raise ValueError(f"config.mesh.num_devices={num_devices} is not in [0, {jax.device_count()}] "
-                         "(0: every device)")
-    if num_devices not in (0, jax.device_count()) and jax.process_count() > 1:
-        raise ValueError(f"config.mesh.num_devices={num_devices}: a multi-process run uses every device (0)")
-    devices = jax.devices()[:num_devices] if num_devices else None
+    devices = sharding.select_devices(config.mesh.get("num_devices") or 0)
     if config.mesh.preset:
         return sharding.preset_mesh(config.mesh.preset, devices)
     return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)

@@ -338,7 +338,7 @@ def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     """The fine-tuning mesh: data/fsdp/tensor sizes of config.mesh over the first num_devices devices."""
-    devices = jax.devices()[: config.mesh.num_devices] if config.mesh.get("num_devices") else None
+    devices = sharding.select_devices(config.mesh.get("num_devices") or 0)
     return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
 
 
