@@ -405,7 +405,7 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     window_start, window_steps = time.perf_counter(), 0
     compiling_step = start_step + 1  # a step that includes compilation, timed out of the throughput
 
-    def untimed(work):  # runs work() with its time (and the steps before it) kept out of the throughput
+    def untimed(work):  # waits for the steps so far (their time stays in), then keeps work()'s time out
         nonlocal window_start
         jax.block_until_ready(state)
         began = time.perf_counter()
