@@ -28,7 +28,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import flops, sharding, train  # noqa: E402
+from bert_jax import checkpointing, flops, sharding, train  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +93,7 @@ def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, in
     tx, schedule = train.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
     sharding.check_divisible(abstract, shardings)
-    abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                      abstract, shardings)
+    abstract = checkpointing.abstract_like(abstract, shardings)
     b, length, p = phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
     shapes = {"input_ids": (b, length), "token_type_ids": (b, length), "attention_mask": (b, length),
               "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),

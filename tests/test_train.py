@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import flops, optim, sharding, summaries, train
+from bert_jax import checkpointing, flops, optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
 from configs import pretrain
 from conftest import ROOT
@@ -496,8 +496,7 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     model = train.create_model(config)
     tx, schedule = train.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
-    abstract = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                      abstract, shardings)
+    abstract = checkpointing.abstract_like(abstract, shardings)
     batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)
     with jax.set_mesh(mesh):
