@@ -1,6 +1,6 @@
 """Train-step speed: bert_jax against transformers' PyTorch BertForPreTraining + AdamW, same run.
 
-  .venv/bin/python benchmarks/train_step.py [--sizes mini,base] [--rounds 5] [--steps 3]
+  .venv/bin/python benchmarks/train_step.py [--sizes mini,base] [--rounds 5] [--steps 3] [--malloc default]
 
 For each size: sequences/s of our jitted `train_step` (one device using all cores, float32, dropout on,
 sparse MLM at 20 positions) and of the peer (transformers BertForPreTraining in train mode, masked-LM
@@ -10,6 +10,10 @@ minutes): the printed rates are medians over the windows and the ratio is the me
 per-window ratios. MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling
 measured in the same window (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and
 for information over jnp.dot's alone; medians over the windows.
+
+--malloc tuned re-runs the whole benchmark (both sides: one process) under bert_jax.host_malloc's glibc
+tunables, which keep XLA:CPU's per-step buffer mapped between steps; the default is glibc's own settings,
+the conditions of every figure in README before 2026-11-23. The GLIBC_TUNABLES in effect are printed.
 
 Bars (issue 4): ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
 MFU >= 60% on base.
@@ -29,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, modeling, sharding, train  # noqa: E402
+from bert_jax import flops, host_malloc, modeling, sharding, train  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
@@ -152,8 +156,13 @@ def main():
     parser.add_argument("--sizes", default="mini,base")
     parser.add_argument("--rounds", type=int, default=5, help="alternating windows of ours and the peer")
     parser.add_argument("--steps", type=int, default=3, help="steps per window")
+    parser.add_argument("--malloc", choices=("default", "tuned"), default="default",
+                        help="glibc malloc settings for the whole run: glibc's defaults, or bert_jax.host_malloc's")
     args = parser.parse_args()
-    print(f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores")
+    if args.malloc == "tuned":
+        host_malloc.reexec_tuned("train_step")  # returns when already tuned (or not glibc)
+    print(f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores, "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}")
     print(f"{'size':<6}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}{'MFU/jnp.dot':>13}"
           f"{'ceiling GFLOP/s':>17}")
     for name in args.sizes.split(","):

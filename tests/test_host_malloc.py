@@ -1,0 +1,71 @@
+"""bert_jax.host_malloc: the GLIBC_TUNABLES merge, and their effect on XLA:CPU's per-execution buffer,
+observed through the kernel's own minor-fault counter."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import host_malloc
+from conftest import ROOT
+
+# A jitted function whose temporary buffer (the [4096, 4096] float32 product a @ b, 64 MiB, input of the
+# second matmul) is over glibc's largest mmap threshold (32 MiB); prints minor page faults per call after
+# two warm-up calls.
+FAULTS_PER_CALL = """
+import json, resource, jax, jax.numpy as jnp
+f = jax.jit(lambda a, b: jnp.dot(jnp.dot(a, b), a))
+a, b = jnp.ones((4096, 64), jnp.float32), jnp.ones((64, 4096), jnp.float32)
+for _ in range(2):
+    f(a, b).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    f(a, b).block_until_ready()
+print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5))
+"""
+PAGES_64MIB = 64 * 2**20 // 4096
+
+
+def test_tuned_environ_adds_what_is_missing_and_keeps_the_users_values():
+    environ = host_malloc.tuned_environ({"HOME": "/h"})
+    assert environ == {"HOME": "/h", "GLIBC_TUNABLES": ":".join(host_malloc.TUNABLES)}
+    mine = "glibc.malloc.arena_max=4:glibc.rtld.nns=2"
+    environ = host_malloc.tuned_environ({"GLIBC_TUNABLES": mine})
+    assert environ["GLIBC_TUNABLES"] == (mine + ":glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0"
+                                         ":glibc.malloc.trim_threshold=4294967295")
+    assert host_malloc.tuned_environ(environ) is None  # idempotent: nothing left to add
+    assert not host_malloc.applies_here({"BERT_JAX_MALLOC_TUNING": "off"})
+
+
+def _faults_per_call(environ):
+    result = subprocess.run([sys.executable, "-c", FAULTS_PER_CALL], capture_output=True, text=True, timeout=300,
+                            env={**environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
+def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
+    base = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    default, tuned = _faults_per_call(base), _faults_per_call(host_malloc.tuned_environ(base))
+    print(f"minor faults per call: glibc defaults {default:.0f}, tuned {tuned:.0f} ({PAGES_64MIB} pages in 64 MiB)")
+    assert default > 0.9 * PAGES_64MIB  # the buffer is mapped afresh and faulted in on every call
+    # ... and reused from call to call: fewer faults than the buffer has 2 MiB huge pages (32), so it is
+    # not faulted in again even as huge pages (hugetlb=1 alone gives about 250 here, no arena_max 195).
+    assert tuned < 64 * 2**20 // 2**21
+
+
+def test_local_cpu_launcher_exports_the_tunables(tmp_path):
+    (tmp_path / "show_env.py").write_text("import os; print(os.environ.get('GLIBC_TUNABLES', ''))\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env.update(BERT_JAX_MODULE="show_env", PYTHONPATH=str(tmp_path), PYTHON=sys.executable)
+    run = lambda extra: subprocess.run([str(ROOT / "launch" / "local_cpu.sh")], capture_output=True, text=True,
+                                       timeout=120, env={**env, **extra})
+    result = run({})
+    assert result.returncode == 0, result.stderr
+    expected = ":".join(host_malloc.TUNABLES) if host_malloc.applies_here(env) else ""
+    assert result.stdout.strip() == expected
+    result = run({"BERT_JAX_MALLOC_TUNING": "off"})
+    assert result.returncode == 0 and result.stdout.strip() == ""
