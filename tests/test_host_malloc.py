@@ -69,3 +69,20 @@ def test_local_cpu_launcher_exports_the_tunables(tmp_path):
     assert result.stdout.strip() == expected
     result = run({"BERT_JAX_MALLOC_TUNING": "off"})
     assert result.returncode == 0 and result.stdout.strip() == ""
+
+
+@pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
+def test_reexec_tuned_reruns_the_same_process_once_under_the_tunables():
+    code = ("import os; from bert_jax import host_malloc; print('start', os.getpid(), flush=True); "
+            "host_malloc.reexec_tuned('probe'); print('tuned', os.getpid(), os.environ['GLIBC_TUNABLES'])")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    # The script ran twice (once before the exec, once after) in one process, and the second run found
+    # the tunables set and carried on.
+    assert [line[0] for line in lines] == ["start", "start", "tuned"]
+    assert len({line[1] for line in lines}) == 1
+    assert lines[2][2] == ":".join(host_malloc.TUNABLES)
+    assert result.stderr.strip() == f"probe: re-running under GLIBC_TUNABLES={':'.join(host_malloc.TUNABLES)}"
