@@ -16,9 +16,10 @@ to step with no fault at all; `hugetlb=1` asks for transparent huge pages on the
 The price: the process keeps its peak heap until it exits.
 
 Measured (issue 4's notes): BERT-Base train step, separate processes alternated on a 2-core Xeon:
-3.5-3.8 s per step without, 3.0-3.4 s with. PyTorch gains more from the same settings (its BERT step
-in `benchmarks/train_step.py` ran 20-60% faster), so that benchmark runs glibc's defaults unless
-asked (`--malloc tuned`), and says which.
+3.5-3.8 s per step without, 3.0-3.4 s with. PyTorch gains more from the same settings: in
+`benchmarks/train_step.py` our steps ran 10-27% faster with them, transformers' BertForPreTraining
+steps 16-62% faster. That benchmark runs glibc's defaults unless asked (`--malloc tuned`), and prints
+which.
 
 glibc reads GLIBC_TUNABLES only at process start: a shell exports it before starting Python, or a
 script calls `reexec_tuned` first thing. Linux with glibc only; BERT_JAX_MALLOC_TUNING=off disables
