@@ -17,8 +17,8 @@ The price: the process keeps its peak heap until it exits.
 
 Measured (issue 4's notes): BERT-Base train step, separate processes alternated on a 2-core Xeon:
 3.5-3.8 s per step without, 3.0-3.4 s with. PyTorch gains more from the same settings: in
-`benchmarks/train_step.py` our steps ran 10-27% faster with them, transformers' BertForPreTraining
-steps 16-62% faster. That benchmark runs glibc's defaults unless asked (`--malloc tuned`), and prints
+`benchmarks/train_step.py` our steps ran 10-30% faster with them, transformers' BertForPreTraining
+steps 16-65% faster. That benchmark runs glibc's defaults unless asked (`--malloc tuned`), and prints
 which.
 
 glibc reads GLIBC_TUNABLES only at process start: a shell exports it before starting Python, or a
