@@ -59,6 +59,11 @@ def applies_here(environ: Mapping[str, str] = os.environ) -> bool:
             and environ.get(OPT_OUT, "").lower() != "off")
 
 
+def _environ_to_use() -> dict[str, str] | None:
+    """tuned_environ(os.environ) where the tunables apply here, else None."""
+    return tuned_environ(os.environ) if applies_here() else None
+
+
 def reexec_tuned(reason: str) -> None:
     """Replaces this process with the same command line (`sys.orig_argv`, same PID) under TUNABLES;
     returns only when there is nothing to do (set already, not glibc, or opted out).
@@ -69,7 +74,7 @@ def reexec_tuned(reason: str) -> None:
     Raises:
       OSError: the interpreter could not be executed (os.execve).
     """
-    environ = tuned_environ(os.environ) if applies_here() else None
+    environ = _environ_to_use()
     if environ is None:
         return
     print(f"{reason}: re-running under GLIBC_TUNABLES={environ['GLIBC_TUNABLES']}", file=sys.stderr, flush=True)
@@ -79,8 +84,7 @@ def reexec_tuned(reason: str) -> None:
 def main() -> None:
     """Prints the GLIBC_TUNABLES value to export: the current one plus the missing TUNABLES, or the
     current one unchanged where they do not apply (see `applies_here`)."""
-    environ = tuned_environ(os.environ) if applies_here() else None
-    print((environ or os.environ).get("GLIBC_TUNABLES", ""))
+    print((_environ_to_use() or os.environ).get("GLIBC_TUNABLES", ""))
 
 
 if __name__ == "__main__":
