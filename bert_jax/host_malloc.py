@@ -16,8 +16,8 @@ to step with no fault at all; `hugetlb=1` asks for transparent huge pages on the
 The price: the process keeps its peak heap until it exits.
 
 Measured (issue 4's notes): BERT-Base train step, separate processes alternated on a 2-core Xeon:
-3.5-3.8 s per step without, 3.0-3.4 s with. PyTorch gains more from the same settings: in
-`benchmarks/train_step.py` our steps ran 10-30% faster with them, transformers' BertForPreTraining
+3.41-3.81 s per step without, 3.02-3.41 s with (once the heap has grown). PyTorch gains more from
+the same settings: in `benchmarks/train_step.py` our steps ran 10-30% faster with them, transformers' BertForPreTraining
 steps 16-65% faster. That benchmark runs glibc's defaults unless asked (`--malloc tuned`), and prints
 which.
 
