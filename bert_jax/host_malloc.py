@@ -17,9 +17,9 @@ The price: the process keeps its peak heap until it exits.
 
 Measured (issue 4's notes): BERT-Base train step, separate processes alternated on a 2-core Xeon:
 3.41-3.81 s per step without, 3.02-3.41 s with (once the heap has grown). PyTorch gains more from
-the same settings: in `benchmarks/train_step.py` our steps ran 10-30% faster with them, transformers' BertForPreTraining
-steps 16-65% faster. That benchmark runs glibc's defaults unless asked (`--malloc tuned`), and prints
-which.
+the same settings: in `benchmarks/train_step.py` our steps ran 10-30% faster with them and
+transformers' BertForPreTraining steps 16-65% faster. That benchmark runs glibc's defaults unless
+asked (`--malloc tuned`), and prints which.
 
 glibc reads GLIBC_TUNABLES only at process start: a shell exports it before starting Python, or a
 script calls `reexec_tuned` first thing. Linux with glibc only; BERT_JAX_MALLOC_TUNING=off disables
