@@ -28,6 +28,11 @@ print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) /
 PAGES_64MIB = 64 * 2**20 // 4096
 
 
+def _environ_untuned():
+    """This process's environment without GLIBC_TUNABLES: glibc's defaults for a child."""
+    return {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+
+
 def test_tuned_environ_adds_what_is_missing_and_keeps_the_users_values():
     environ = host_malloc.tuned_environ({"HOME": "/h"})
     assert environ == {"HOME": "/h", "GLIBC_TUNABLES": ":".join(host_malloc.TUNABLES)}
@@ -48,7 +53,7 @@ def _faults_per_call(environ):
 
 @pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
 def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
-    base = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    base = _environ_untuned()
     default, tuned = _faults_per_call(base), _faults_per_call(host_malloc.tuned_environ(base))
     print(f"minor faults per call: glibc defaults {default:.0f}, tuned {tuned:.0f} ({PAGES_64MIB} pages in 64 MiB)")
     assert default > 0.9 * PAGES_64MIB  # the buffer is mapped afresh and faulted in on every call
@@ -59,7 +64,7 @@ def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
 
 def test_local_cpu_launcher_exports_the_tunables(tmp_path):
     (tmp_path / "show_env.py").write_text("import os; print(os.environ.get('GLIBC_TUNABLES', ''))\n")
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env = _environ_untuned()
     env.update(BERT_JAX_MODULE="show_env", PYTHONPATH=str(tmp_path), PYTHON=sys.executable)
     run = lambda extra: subprocess.run([str(ROOT / "launch" / "local_cpu.sh")], capture_output=True, text=True,
                                        timeout=120, env={**env, **extra})
@@ -75,7 +80,7 @@ def test_local_cpu_launcher_exports_the_tunables(tmp_path):
 def test_reexec_tuned_reruns_the_same_process_once_under_the_tunables():
     code = ("import os; from bert_jax import host_malloc; print('start', os.getpid(), flush=True); "
             "host_malloc.reexec_tuned('probe'); print('tuned', os.getpid(), os.environ['GLIBC_TUNABLES'])")
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env = _environ_untuned()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr
