@@ -6,8 +6,8 @@ Two tables, in GFLOP/s (fastest of `rounds` timings of a jitted jnp.dot / lax.do
 torch.matmul; a multiply-add counts 2 FLOPs):
 
 1. float32 row-major a [M, K] @ b [K, N] at the feed-forward shapes and 2048^3, on one core and on all
-   cores. The one-core figures come from a child process pinned to core 0 (os.sched_setaffinity before
-   jax is imported, which sizes XLA's thread pool; torch.set_num_threads(1)). Where XLA's and MKL's
+   cores. The one-core figures come from a child process pinned to one core (os.sched_setaffinity before
+   jax is imported: XLA sizes its thread pool by the usable cores; torch threads 1). Where XLA's and MKL's
    rates differ by the same factor on one core and on all, the gap is the GEMM kernel, not threading.
 2. bfloat16 operands, all cores: the result dtype and the operand layouts (x @ w, x @ w^T, x^T @ w) that
    XLA:CPU runs on the CPU's bfloat16 matrix units (AMX where present) and those it converts to float32
@@ -87,8 +87,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="timings per matmul; the fastest is kept")
     parser.add_argument(ONE_CORE_CHILD, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one_core_child:  # pinned to one core above
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    if args.one_core_child:  # already pinned to one core, at import
         print(json.dumps(float32_rates(args.rounds)))
         return
     child = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), ONE_CORE_CHILD],
