@@ -34,21 +34,22 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.gemm_bound import fastest  # noqa: E402
+from benchmarks.gemm_bound import fastest, gemm_flops  # noqa: E402
 
 SHAPES = ((1024, 768, 3072), (1024, 3072, 768), (2048, 2048, 2048))  # (M, K, N)
+CORES = len(os.sched_getaffinity(0))  # 1 in the pinned child
+torch.set_num_threads(CORES)
 
 
 def float32_rates(rounds: int) -> list[tuple[float, float]]:
     """-> [(xla, torch) GFLOP/s] for each of SHAPES, float32, on the cores this process may use."""
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     dot = jax.jit(jnp.dot)
     rng = np.random.default_rng(0)
     out = []
     for m, k, n in SHAPES:
         a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
         ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
-        flop = 2.0 * m * k * n
+        flop = gemm_flops((m, k), (k, n))
         out.append((flop / fastest(lambda: dot(ja, jb).block_until_ready(), rounds) / 1e9,
                     flop / fastest(lambda: torch.matmul(ta, tb), rounds) / 1e9))
     return out
@@ -70,12 +71,11 @@ def bfloat16_rates(rounds: int) -> list[tuple[str, float]]:
         "xla  x^T @ w   -> float32": (lambda x_t, w: jax.lax.dot_general(
             x_t, w, (((0,), (0,)), ((), ())), preferred_element_type=f32), (x_t, w)),
     }
-    flop = 2.0 * m * k * n
+    flop = gemm_flops((m, k), (k, n))
     out = []
     for name, (fn, args) in forms.items():
         jitted = jax.jit(fn)
         out.append((name, flop / fastest(lambda: jitted(*args).block_until_ready(), rounds) / 1e9))
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     tx = torch.from_numpy(np.asarray(x, np.float32)).bfloat16()
     tw = torch.from_numpy(np.asarray(w, np.float32)).bfloat16()
     out.append(("torch x @ w   -> bfloat16", flop / fastest(lambda: torch.matmul(tx, tw), rounds) / 1e9))
@@ -94,12 +94,11 @@ def main():
                            capture_output=True, text=True, check=True)
     one_core = json.loads(child.stdout.strip().splitlines()[-1])
     all_cores = float32_rates(args.rounds)
-    cores = len(os.sched_getaffinity(0))
-    print(f"float32 GFLOP/s: one core, and all {cores} cores")
+    print(f"float32 GFLOP/s: one core, and all {CORES} cores")
     print(f"{'M x K x N':<18}{'xla 1':>9}{'torch 1':>9}{'ratio':>7}{'xla all':>9}{'torch all':>11}{'ratio':>7}")
     for (m, k, n), (x1, t1), (xa, ta) in zip(SHAPES, one_core, all_cores):
         print(f"{f'{m}x{k}x{n}':<18}{x1:>9.1f}{t1:>9.1f}{x1 / t1:>7.2f}{xa:>9.1f}{ta:>11.1f}{xa / ta:>7.2f}")
-    print(f"\nbfloat16 operands, {'x'.join(map(str, SHAPES[0]))}, all {cores} cores, GFLOP/s")
+    print(f"\nbfloat16 operands, {'x'.join(map(str, SHAPES[0]))}, all {CORES} cores, GFLOP/s")
     for name, rate in bfloat16_rates(args.rounds):
         print(f"{name:<30}{rate:>9.1f}")
 
