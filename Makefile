@@ -1,21 +1,32 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
+# `make demo` installs only the package (what the demo needs); `make test` adds the test extra (the
+# reference implementation: torch, transformers) and the tpu extra (libtpu, for AOT compilation).
 PYTHON ?= python3.11
 VENV := .venv
-STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed
 
 .PHONY: demo test
 
-$(STAMP): setup.cfg pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+
+$(DEMO_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e .
+	touch $(DEMO_STAMP)
+
+$(TEST_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e '.[test,tpu]'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-# SQuAD files for the demo's last stage: $(SQUAD_DIR), by default the shared data folder when present.
+# Task files for the demo's fine-tuning stages (and their training text for its corpus): SQuAD in
+# $(SQUAD_DIR), GLUE's SST-2 in $(GLUE_DIR)/SST-2; by default the shared data folder when present.
 SQUAD_DIR ?= $(wildcard ../shared/data/squad)
+GLUE_DIR ?= $(wildcard ../shared/data/glue)
 
-demo: $(STAMP)
-	SQUAD_DIR="$(SQUAD_DIR)" $(VENV)/bin/python -m bert_jax.demo
+demo: $(DEMO_STAMP)
+	SQUAD_DIR="$(SQUAD_DIR)" GLUE_DIR="$(GLUE_DIR)" $(VENV)/bin/python -m bert_jax.demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q tests

@@ -26,6 +26,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.vocab_file = ""  # WordPiece vocabulary ("" = the Hugging Face directory's vocab.txt)
     config.do_lower_case = True
     config.data_dir = f"../shared/data/glue/{_DATA[task]}"  # train.tsv and dev.tsv in GLUE format
+    config.max_train_examples = 0  # train only on the first N training examples (0 = all)
     config.use_tfds = False  # read TFDS glue/<task> instead (prepared beforehand; never downloads here)
     config.tfds_data_dir = ""
     config.max_seq_length = 128

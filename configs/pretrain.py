@@ -1,4 +1,4 @@
-"""Pre-training configs: `get_config("tiny" | "mini" | "small" | "base" | "large")`.
+"""Pre-training configs: `get_config("tiny" | "mini" | "small" | "base" | "large" | "transfer" | "demo")`.
 
 Launch (from the project root), e.g.:
   python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
@@ -8,6 +8,11 @@ turns them into the model's arguments (model code never sees a ConfigDict).
 
 Sizes (L layers, H hidden, A heads): tiny 2/128/2 (CPU tests), mini 4/256/4, small 4/512/8,
 base 12/768/12 (paper: 110M parameters), large 24/1024/16 (paper: 340M). Vocab 30522, 512 positions.
+
+Recipes measured on this project's 2-core CPU (README: Transfer):
+  transfer  tiny, the recipe whose encoder fine-tunes better than random init within benchmarks/
+            transfer.py's budget (set model.vocab_size and the phases' data_dir);
+  demo      the same recipe shortened to the few minutes of `make demo`.
 """
 
 import ml_collections
@@ -25,7 +30,7 @@ _SIZES = {
 def model_config(size: str) -> ml_collections.ConfigDict:
     """The `bert_config.json` fields of a named size, plus compute options."""
     if size not in _SIZES:
-        raise ValueError(f"config arg {size!r} is not one of {sorted(_SIZES)}")
+        raise ValueError(f"config arg {size!r} is not one of {sorted(_SIZES) + list(RECIPES)}")
     layers, hidden, heads = _SIZES[size]
     return ml_collections.ConfigDict(dict(
         vocab_size=30522,  # Google's uncased WordPiece vocabulary
@@ -58,7 +63,12 @@ def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, da
     ))
 
 
+RECIPES = ("transfer", "demo")
+
+
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
+    if arg in RECIPES:
+        return _recipe(arg)
     config = ml_collections.ConfigDict()
     config.model = model_config(arg)
     config.seed = 0  # PRNG seed: init, dropout (folded with the step) and data shuffling
@@ -97,4 +107,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         config.checkpoint_every = 50
         config.eval_every = 100
         config.eval_batches = 4
+    return config
+
+
+def _recipe(name: str) -> ml_collections.ConfigDict:
+    """A tiny-model pre-training recipe that transfers on a CPU budget (module docstring)."""
+    config = get_config("tiny")
+    config.model.hidden_dropout_prob = 0.0  # no dropout while under-fitting a short budget (Geiping &
+    config.model.attention_probs_dropout_prob = 0.0  # Goldstein 2022); fine-tuning sets its own
+    config.learning_rate = 2e-3
+    config.total_steps = 12_000 if name == "transfer" else 800
+    config.warmup_steps = config.total_steps // 20
+    config.phases = [phase(128, 20, 0.9, "data/phase1", 64), phase(256, 40, 0.1, "data/phase2", 32)]
+    config.log_every = 100 if name == "transfer" else 10
+    config.checkpoint_every = 2000 if name == "transfer" else config.total_steps
     return config

@@ -42,6 +42,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.max_answer_length = 30  # tokens
     config.null_score_diff_threshold = 0.0  # v2.0: predict "" when null score - best span score exceeds it
     config.tune_null_threshold = True  # v2.0: also report and write predictions at the best-F1 threshold
+    config.max_train_examples = 0  # train only on the first N questions of train_file (0 = all)
     config.max_predict_examples = 0  # evaluate only the first N questions of predict_file (0 = all)
     config.seed = 0
     config.log_every = 50  # steps between TensorBoard / console metrics

@@ -1,19 +1,27 @@
-"""Reading text corpora: input globs, the original one-sentence-per-line format, plain text, TFDS.
+"""Reading text corpora: input globs, the original one-sentence-per-line format, plain text, TFDS,
+WikiText, and the unlabelled text of task training files (SQuAD contexts, GLUE sentences).
 
 Documents are yielded as lists of sentence strings, streaming (one document in memory at a time).
 Lines that are not valid UTF-8 are skipped and counted (`ReadStats`), never silently dropped.
+
+Task text as pre-training text: only a task's *training* files may be read this way (in-domain text,
+as task-adaptive pre-training; Gururangan et al. 2020, "Don't Stop Pretraining"), never its dev or
+test files, whose text the fine-tuned model is evaluated on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import re
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-
+# WikiText: article titles " = Title = " (sections have two or more "="), and its tokenised number marks.
+_WIKITEXT_TITLE = re.compile(r"^ ?= [^=].* = ?$")
+_WIKITEXT_MARKS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" <unk>", ""), ("<unk> ", ""))
 
 
 def split_sentences(text: str) -> list[str]:
@@ -107,3 +115,93 @@ def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | No
         document = [s for p in text.split("\n") for s in split_sentences(p)]
         if document:
             yield document
+
+
+def read_wikitext_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
+    """WikiText-2 / -103 token files (`wiki.*.tokens`, or the `valid.txt` / `test.txt` layout): one
+    article (from its ` = Title = ` line to the next) = one document; section headings dropped, the
+    number marks ` @-@ `, ` @,@ `, ` @.@ ` joined back, its `<unk>` placeholders (rare words it
+    replaced) dropped, paragraphs split into sentences."""
+    for path in files:
+        document: list[str] = []
+        for block in _blocks(path, stats):
+            for line in block:
+                if _WIKITEXT_TITLE.match(line):
+                    if document:
+                        yield document
+                    document = []
+                    continue
+                if line.startswith("="):  # a section heading
+                    continue
+                for mark, joined in _WIKITEXT_MARKS:
+                    line = line.replace(mark, joined)
+                document.extend(split_sentences(line))
+        if document:
+            yield document
+
+
+def read_squad_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
+    """The contexts of SQuAD JSON files (v1.1 or v2.0 layout): one paragraph = one document, split
+    into sentences; questions and answers are not read.
+
+    Raises:
+      ValueError: a file that is not SQuAD JSON (names the file).
+    """
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            paragraphs = [p["context"] for article in data["data"] for p in article["paragraphs"]]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a SQuAD JSON file ({type(e).__name__}: {e})") from None
+        for context in paragraphs:
+            stats.lines += 1
+            document = split_sentences(" ".join(context.split()))
+            if document:
+                yield document
+
+
+def read_glue_documents(files: Sequence[str], task: str, stats: ReadStats,
+                        sentences_per_document: int = 8) -> Iterator[list[str]]:
+    """The sentences of GLUE training TSVs of `task` (`bert_jax.data.glue.TASKS`), labels ignored:
+    a pair task's two sentences form one document; single sentences are grouped, in file order, into
+    documents of `sentences_per_document`.
+
+    Raises:
+      ValueError / FileNotFoundError: as `bert_jax.data.glue.read_glue_tsv` (names file and line).
+    """
+    from bert_jax.data import glue
+
+    for path in files:
+        examples = glue.read_glue_tsv(task, path)
+        stats.lines += len(examples)
+        group: list[str] = []
+        for example in examples:
+            texts = [t.strip() for t in (example.text_a, example.text_b) if t and t.strip()]
+            if example.text_b is not None:
+                if texts:
+                    yield texts
+                continue
+            group += texts
+            if len(group) >= sentences_per_document:
+                yield group
+                group = []
+        if group:
+            yield group
+
+
+def write_sentence_documents(documents: Iterable[list[str]], path: str) -> tuple[int, int]:
+    """Writes documents in the original format (one sentence per line, a blank line after each
+    document) to a temporary name, then renames it to `path` -> (documents, sentences) written.
+    Sentences are whitespace-normalised; empty ones and empty documents are left out."""
+    docs = sentences = 0
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        for document in documents:
+            lines = [" ".join(s.split()) for s in document]
+            lines = [line for line in lines if line]
+            if lines:
+                f.write("\n".join(lines) + "\n\n")
+                docs += 1
+                sentences += len(lines)
+    os.replace(path + ".tmp", path)
+    return docs, sentences

@@ -63,7 +63,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
                          f"{init.config.max_position_embeddings}")
-    train = glue.convert_examples_to_features(_examples(config, "train"), tokenizer, config.max_seq_length)
+    train_examples = _examples(config, "train")
+    if config.max_train_examples > 0:
+        train_examples = train_examples[:config.max_train_examples]
+    train = glue.convert_examples_to_features(train_examples, tokenizer, config.max_seq_length)
     dev = glue.convert_examples_to_features(_examples(config, "dev"), tokenizer, config.max_seq_length)
     num_labels = glue.TASKS[config.task][0]
     model = modeling.BertForSequenceClassification(init.config, num_labels=num_labels)

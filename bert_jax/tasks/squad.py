@@ -163,7 +163,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     feature_args = dict(max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
                         max_query_length=config.max_query_length,
                         version_2_with_negative=config.version_2_with_negative)
-    train_examples = _read(config.train_file, is_training=True, what="config.train_file") if config.train_file else []
+    train_examples = _read(config.train_file, is_training=True, what="config.train_file",
+                           limit=config.max_train_examples) if config.train_file else []
     eval_examples = _read(config.predict_file, is_training=False, what="config.predict_file",
                           limit=config.max_predict_examples) if config.predict_file else []
     mesh = finetune.make_mesh(config)

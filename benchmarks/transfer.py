@@ -1,0 +1,172 @@
+"""Transfer: bert_jax pre-training from scratch on the shared corpora, then fine-tuning from it and
+from random initialisation with identical recipes, vocabularies and architectures.
+
+  .venv/bin/python benchmarks/transfer.py --workdir /tmp/transfer [--recipe transfer] [--seeds 3]
+      [--probes sst2_2k,sst2,mrpc,squad] [--curve_probe sst2_2k] [--peer]
+
+Stages (bert_jax.experiment):
+  1. corpus: `--sources` (default Gutenberg, WikiText-2, and the unlabelled training text of SQuAD,
+     SST-2 and MRPC: in-domain text; dev text never), original format;
+  2. a WordPiece vocabulary of `--vocab_size` on it, instances for both phases of the recipe;
+  3. pre-training with `configs/pretrain.py:<recipe>` (both phases, one CPU device), checkpoints at the
+     curve points; wall time, steps and tokens (non-padding) recorded;
+  4. the transfer-versus-step curve: `--curve_probe` fine-tuned from each checkpoint (seed 0) beside
+     random init, with the MLM / NSP accuracy at that step;
+  5. the table: every probe from the final checkpoint and from random init, `--seeds` seeds each:
+     mean +- sd, gain, gain in pooled sd (bar: > 3 on sst2_2k and squad);
+  6. `--peer`: transformers' BertForPreTraining pre-trained on the same instances with the same recipe
+     (benchmarks/peer_pretraining.py), fine-tuned through the same bert_jax jobs (from its Hugging
+     Face export), beside bert_jax's.
+Writes results.json, curve.png and table.md under the workdir; prints the table. Re-running with the same
+workdir reuses finished stages (the pre-training run resumes from its checkpoints).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+DEFAULT_SOURCES = "gutenberg,wikitext,squad,sst2,mrpc"
+
+
+def _cached(path, compute):
+    """JSON result at `path`, computed (and written atomically) when missing."""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    value = compute()
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return value
+
+
+def pretraining_budget(config, seconds, sample=5000):
+    """Steps, sequences, non-padding tokens (sequences x the mean real length of the phase's first
+    `sample` instances) and wall time of a finished run."""
+    import itertools
+
+    from bert_jax import train
+    from bert_jax.data import pretraining
+
+    sequences = tokens = 0
+    for p in train.resolve_phases(config):
+        lengths = [int(x["attention_mask"].sum()) for x in itertools.islice(pretraining.iterate_instances(p.data_dir),
+                                                                           sample)]
+        n = (p.end - p.start) * p.batch_size
+        sequences += n
+        tokens += n * sum(lengths) / len(lengths)
+    return {"steps": config.total_steps, "sequences": sequences, "tokens": int(tokens), "seconds": seconds}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--recipe", default="transfer", help="configs/pretrain.py config name")
+    parser.add_argument("--sources", default=DEFAULT_SOURCES)
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--dupe_factor", type=int, default=3)
+    parser.add_argument("--total_steps", type=int, default=0, help="override the recipe's total_steps")
+    parser.add_argument("--curve_points", type=int, default=6, help="checkpoints along the run for the curve")
+    parser.add_argument("--curve_probe", default="sst2_2k")
+    parser.add_argument("--probes", default="sst2_2k,sst2,mrpc,squad")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--peer", action="store_true", help="also pre-train and fine-tune the transformers peer")
+    args = parser.parse_args()
+
+    from bert_jax import experiment, summaries, train
+    from bert_jax.data.tokenization import Tokenizer
+    from bert_jax.data.vocab import train_vocab
+    from configs import pretrain
+
+    workdir = os.path.abspath(args.workdir)
+    os.makedirs(workdir, exist_ok=True)
+    corpus_file, vocab_file = os.path.join(workdir, "corpus.txt"), os.path.join(workdir, "vocab.txt")
+    sources = args.sources.split(",")
+    corpus_counts = _cached(os.path.join(workdir, "corpus.json"),
+                            lambda: experiment.write_corpus(experiment.shared_sources(sources, str(DATA)), corpus_file))
+    print(f"corpus: {corpus_counts}", flush=True)
+    if not os.path.isfile(vocab_file):
+        train_vocab([corpus_file], args.vocab_size, vocab_file)
+    config = pretrain.get_config(args.recipe)
+    config.model.vocab_size = Tokenizer(vocab_file).vocab_size
+    if args.total_steps:
+        config.total_steps = args.total_steps
+    for i, p in enumerate(config.phases):
+        p.data_dir = os.path.join(workdir, f"instances-{p.max_seq_length}")
+    config.mesh.data = 1
+    curve_steps = sorted({round(config.total_steps * (k + 1) / args.curve_points) for k in range(args.curve_points)})
+    config.checkpoint_every = curve_steps[0]
+    config.keep_checkpoints = len(curve_steps) + len(config.phases) + 1
+    _cached(os.path.join(workdir, "instances.json"),
+            lambda: experiment.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=args.dupe_factor,
+                                                        num_workers=2))
+    run_dir = os.path.join(workdir, "pretrain")
+
+    def pretrain_run():
+        start = time.perf_counter()
+        train.train_and_evaluate(config, run_dir)
+        return pretraining_budget(config, time.perf_counter() - start)
+
+    budget = _cached(os.path.join(workdir, "pretrain.json"), pretrain_run)
+    print(f"pre-training: {budget}", flush=True)
+    records = summaries.read_metrics(run_dir)
+    results = {"recipe": args.recipe, "sources": corpus_counts, "budget": budget,
+               "config": json.loads(config.to_json())}
+    finetune_dir = os.path.join(workdir, "finetune")
+    os.makedirs(finetune_dir, exist_ok=True)
+
+    def score(probe, init, seed, tag):
+        def compute():
+            m = experiment.finetune(probe, os.path.join(finetune_dir, f"{tag}-{probe}-{seed}"), init_checkpoint=init,
+                                    vocab_file=vocab_file, model=config.model, data_dir=str(DATA), seed=seed)
+            return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
+        m = _cached(os.path.join(finetune_dir, f"{tag}-{probe}-{seed}.json"), compute)
+        print(f"  {probe} {tag} seed {seed}: {m['score']:.2f}", flush=True)
+        return m["score"]
+
+    # the transfer-versus-step curve
+    curve = []
+    random_curve = score(args.curve_probe, "", 0, "random")
+    for step in curve_steps:
+        near = min(records, key=lambda r: abs(r["step"] - step))
+        curve.append({"step": step, "score": score(args.curve_probe, os.path.join(run_dir, "checkpoints", str(step)),
+                                                   0, f"step{step}"),
+                      "mlm_accuracy": near["mlm_accuracy"], "nsp_accuracy": near["nsp_accuracy"]})
+    results["curve"] = {"probe": args.curve_probe, "random": random_curve, "points": curve}
+
+    # the table
+    table = {}
+    for probe in args.probes.split(","):
+        pre = [score(probe, run_dir, s, "pretrained") for s in range(args.seeds)]
+        rnd = [score(probe, "", s, "random") for s in range(args.seeds)]
+        table[probe] = dict(experiment.summarize(pre, rnd), pretrained=pre, random=rnd)
+    results["table"] = table
+    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    print_table(results)
+
+
+def print_table(results):
+    b = results["budget"]
+    print(f"\npre-training: {b['steps']} steps, {b['sequences']} sequences, {b['tokens'] / 1e6:.1f} M tokens, "
+          f"{b['seconds'] / 60:.1f} min")
+    print(f"curve ({results['curve']['probe']}, seed 0; random init {results['curve']['random']:.2f}):")
+    for p in results["curve"]["points"]:
+        print(f"  step {p['step']:6d}: {p['score']:.2f}  (MLM acc {p['mlm_accuracy']:.3f}, NSP acc {p['nsp_accuracy']:.3f})")
+    print("\n| probe | pre-trained | random init | gain | gain / pooled sd |\n|---|---|---|---|---|")
+    for probe, t in results["table"].items():
+        print(f"| {probe} | {t['pretrained_mean']:.2f} ± {t['pretrained_sd']:.2f} | {t['random_mean']:.2f} ± "
+              f"{t['random_sd']:.2f} | {t['gain']:+.2f} | {t['gain_in_pooled_sd']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
