@@ -73,7 +73,7 @@ def main():
     parser.add_argument("--recipe", default="transfer", help="configs/pretrain.py config name")
     parser.add_argument("--sources", default=DEFAULT_SOURCES)
     parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--dupe_factor", type=int, default=3)
+    parser.add_argument("--dupe_factor", type=int, default=5)
     parser.add_argument("--total_steps", type=int, default=0, help="override the recipe's total_steps")
     parser.add_argument("--curve_points", type=int, default=6, help="checkpoints along the run for the curve")
     parser.add_argument("--curve_probe", default="sst2_2k")
@@ -127,7 +127,7 @@ def main():
     def score(probe, init, seed, tag):
         def compute():
             m = experiment.finetune(probe, os.path.join(finetune_dir, f"{tag}-{probe}-{seed}"), init_checkpoint=init,
-                                    vocab_file=vocab_file, model=config.model, data_dir=str(DATA), seed=seed)
+                                    vocab_file=vocab_file, model=config.model, shared_data_dir=str(DATA), seed=seed)
             return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
         m = _cached(os.path.join(finetune_dir, f"{tag}-{probe}-{seed}.json"), compute)
         print(f"  {probe} {tag} seed {seed}: {m['score']:.2f}", flush=True)

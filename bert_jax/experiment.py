@@ -182,13 +182,14 @@ PROBE_FILES = {"sst2": "glue/SST-2", "mrpc": "glue/MRPC",
 
 
 def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml_collections.ConfigDict,
-                 data_dir: str, seed: int, **overrides) -> ml_collections.ConfigDict:
+                 shared_data_dir: str, seed: int, **overrides) -> ml_collections.ConfigDict:
     """The fine-tuning config of `PROBES[probe]` (plus `overrides`) for one initialisation and seed.
 
     Args:
       init_checkpoint: a bert_jax pre-training workdir, one of its checkpoints, or "" for random init
         with the architecture `model` (the pre-trained one, so that both inits are the same network).
-      data_dir: the shared data folder (`PROBE_FILES` under it).
+      shared_data_dir: the shared data folder (`PROBE_FILES` under it); `overrides` of the task files
+        (data_dir; train_file, predict_file) take others.
 
     Raises:
       ValueError: unknown probe.
@@ -201,10 +202,10 @@ def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml
     spec = PROBES[probe]
     if spec.task == "squad":
         config = squad_config.get_config("tiny")
-        config.train_file, config.predict_file = (os.path.join(data_dir, f) for f in PROBE_FILES["squad"])
+        config.train_file, config.predict_file = (os.path.join(shared_data_dir, f) for f in PROBE_FILES["squad"])
     else:
         config = glue_config.get_config(spec.task)
-        config.data_dir = os.path.join(data_dir, PROBE_FILES[spec.task])
+        config.data_dir = os.path.join(shared_data_dir, PROBE_FILES[spec.task])
     config.model = ml_collections.ConfigDict(dict(model))
     config.init_checkpoint, config.vocab_file, config.seed = init_checkpoint, vocab_file, seed
     config.mesh.num_devices = 1

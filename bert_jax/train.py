@@ -116,6 +116,8 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
     for field in ("grad_accum_steps", "log_every", "checkpoint_every", "eval_every", "eval_batches", "keep_checkpoints"):
         if config[field] < 1:
             raise ValueError(f"config.{field}={config[field]} must be at least 1")
+    if config.get("mlm_bias_init", "zeros") not in ("zeros", "log_prior"):
+        raise ValueError(f"config.mlm_bias_init={config.mlm_bias_init!r} is not 'zeros' or 'log_prior'")
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
         if p.batch_size % config.grad_accum_steps or \
@@ -202,14 +204,30 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: ja
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                       seed: int, shardings: Any = None) -> tuple[TrainState, Any]:
+                       seed: int, shardings: Any = None, mlm_bias: np.ndarray | None = None) -> tuple[TrainState, Any]:
     """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings
-    (derived with `state_shardings` unless given)."""
+    (derived with `state_shardings` unless given); `mlm_bias` (float32 [V], e.g. `initial_mlm_bias`)
+    replaces the zero-initialised MLM output bias."""
     if shardings is None:
         _, shardings = state_shardings(model, tx, mesh, seed)
     with jax.set_mesh(mesh):
         state = jax.jit(functools.partial(_init_state, model, tx, seed, False), out_shardings=shardings)()
+    if mlm_bias is not None:
+        bias_sharding = shardings.params["mlm_output_bias"]
+        bias = jax.make_array_from_callback(mlm_bias.shape, bias_sharding, lambda index: mlm_bias[index])
+        state = state.replace(params={**state.params, "mlm_output_bias": bias})
     return state, shardings
+
+
+def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:
+    """The MLM output bias a new run starts from: None (zeros, the original's) for
+    config.mlm_bias_init == "zeros"; for "log_prior" the centred log unigram distribution of the
+    first phase's masked-LM targets (`pretraining.masked_token_log_prior`), float32 [vocab_size]."""
+    if config.get("mlm_bias_init", "zeros") == "zeros":
+        return None
+    from bert_jax.data import pretraining
+
+    return pretraining.masked_token_log_prior(config.phases[0].data_dir, config.model.vocab_size)
 
 
 def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool, denominators=None):
@@ -374,7 +392,7 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
                                               max_to_keep=config.keep_checkpoints)
     latest = checkpointer.latest_step()
     if latest is None:
-        state, _ = create_train_state(model, tx, mesh, config.seed, shardings)
+        state, _ = create_train_state(model, tx, mesh, config.seed, shardings, initial_mlm_bias(config))
         data_state = None
     else:
         state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))

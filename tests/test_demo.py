@@ -12,33 +12,42 @@ from conftest import ROOT
 
 
 def _demo(*args, timeout=600):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SQUAD_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SQUAD_DIR", "GLUE_DIR")}
     return subprocess.run([sys.executable, "-m", "bert_jax.demo", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.slow
 def test_demo_whole_pipeline(tmp_path, data_dir):
-    """Vocabulary -> both phases' instances -> two-phase pre-training on 8 devices -> SQuAD from the
-    final checkpoint in a fresh process -> summary, TensorBoard files and PNGs (shortened schedule)."""
+    """Corpus (pydoc + the tasks' training text) -> vocabulary -> both phases' instances -> two-phase
+    pre-training on 8 devices -> SST-2 and SQuAD, each from the final checkpoint and from random init
+    in fresh processes -> summary with both scores per stage, TensorBoard files and PNGs (shortened)."""
     workdir = tmp_path / "demo"
-    result = _demo("--workdir", str(workdir), "--total_steps", "100", "--dupe_factor", "2",
-                   "--squad_dir", str(data_dir / "squad"), "--squad_train_examples", "300",
-                   "--squad_eval_examples", "100")
+    result = _demo("--workdir", str(workdir), "--total_steps", "40", "--dupe_factor", "1",
+                   "--squad_dir", str(data_dir / "squad"), "--glue_dir", str(data_dir / "glue"),
+                   "--squad_train_examples", "200", "--squad_eval_examples", "50")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "=== bert_jax demo summary ===" in result.stdout
     summary = json.loads((workdir / "summary.json").read_text())
-    assert [p["max_seq_length"] for p in summary["phases"]] == [128, 512]
+    assert [p["max_seq_length"] for p in summary["phases"]] == [128, 256]
     for p in summary["phases"]:
         assert p["mlm_accuracy"] > 50 * summary["chance_mlm_accuracy"], p  # far above chance
-    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", "100"))
-    assert "checkpoints/90" in " ".join(summary["checkpoints"])  # written at the phase switch
+    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", "40"))
+    assert "checkpoints/36" in " ".join(summary["checkpoints"])  # written at the phase switch
     assert list((workdir / "pretrain" / "tensorboard").glob("events.out.tfevents.*"))
     assert (workdir / "pretrain" / "training_curves.png").stat().st_size > 10_000
-    squad = summary["squad"]  # the fresh process restored the final checkpoint, fine-tuned and evaluated
-    assert squad["predict_examples"] == 100 and 0 <= squad["f1"] <= 100
-    assert (workdir / "squad" / "predictions.json").is_file()
-    assert re.search(r"SQuAD v1.1 \(100 dev questions, tiny model\): EM [\d.]+ F1 [\d.]+", result.stdout)
+    corpus = (workdir / "corpus.txt").read_text()
+    assert "Architecturally, the school has a Catholic character." in corpus  # SQuAD train context
+    assert "quirkily appealing" in corpus  # an SST-2 training sentence
+    for probe, metric_file in [("sst2_2k", "dev_predictions.tsv"), ("squad_demo", "predictions.json")]:
+        stage = summary["finetune"][probe]  # fresh processes restored the checkpoint / started at random
+        for init in ("pretrained", "random"):
+            assert 0 <= stage[init] <= 100
+            assert (workdir / "finetune" / f"{probe}-{init}" / metric_file).is_file()
+    sst2 = summary["finetune"]["sst2_2k"]
+    assert re.search(rf"SST-2 .*: pre-trained {sst2['pretrained']:.1f}, random init {sst2['random']:.1f} "
+                     r"\(same recipe\): [+-][\d.]+ from pre-training", result.stdout)
+    assert re.search(r"SQuAD v1.1 \(50 dev questions, F1\): pre-trained [\d.]+, random init [\d.]+", result.stdout)
 
 
 def test_demo_fails_clearly_on_bad_input(tmp_path):
@@ -51,3 +60,5 @@ def test_demo_fails_clearly_on_bad_input(tmp_path):
     result = _demo("--squad_dir", str(tmp_path / "no_squad"), "--workdir", str(tmp_path / "w"))
     assert result.returncode == 1 and "no_squad' does not exist" in result.stderr
     assert "bert_jax.data.download squad" in result.stderr and "Traceback" not in result.stderr
+    result = _demo("--glue_dir", str(tmp_path), "--workdir", str(tmp_path / "w"))
+    assert result.returncode == 1 and "lacks SST-2/train.tsv" in result.stderr and "Traceback" not in result.stderr

@@ -18,15 +18,23 @@ import os
 import re
 from typing import Iterable, Iterator, Sequence
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+# A sentence ends at . ! ? (and any closing quotes or brackets after it), before whitespace and a
+# capital, digit or opening quote.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(\s+)(?=[\"'(\[]?[A-Z0-9])")
 # WikiText: article titles " = Title = " (sections have two or more "="), and its tokenised number marks.
 _WIKITEXT_TITLE = re.compile(r"^ ?= [^=].* = ?$")
-_WIKITEXT_MARKS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" <unk>", ""), ("<unk> ", ""))
+_WIKITEXT_MARK = re.compile(r" ?@([-,.])@ ?")  # "1 @,@ 000" -> "1,000", "well @-@ known" -> "well-known"
 
 
 def split_sentences(text: str) -> list[str]:
-    """Splits plain text into sentences after . ! ? followed by space and a capital, digit or quote."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    """Splits plain text into sentences after . ! ? (closing quotes and brackets stay with their
+    sentence) followed by whitespace and a capital, digit or quote; only that whitespace is removed."""
+    sentences, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        sentences.append(text[start:match.start(1)])
+        start = match.end(1)
+    sentences.append(text[start:])
+    return [s.strip() for s in sentences if s.strip()]
 
 
 def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
@@ -133,8 +141,7 @@ def read_wikitext_documents(files: Sequence[str], stats: ReadStats) -> Iterator[
                     continue
                 if line.startswith("="):  # a section heading
                     continue
-                for mark, joined in _WIKITEXT_MARKS:
-                    line = line.replace(mark, joined)
+                line = _WIKITEXT_MARK.sub(r"\1", " ".join(t for t in line.split() if t != "<unk>"))
                 document.extend(split_sentences(line))
         if document:
             yield document

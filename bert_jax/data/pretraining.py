@@ -545,3 +545,30 @@ def iterate_instances(path: str) -> Iterator[dict[str, np.ndarray]]:
                     yield decode_instance(record, flags["max_seq_length"], flags["max_predictions_per_seq"])
         finally:
             reader.close()
+
+
+def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_000) -> np.ndarray:
+    """Log of the masked-LM targets' unigram distribution, centred -> float32 [vocab_size].
+
+    Counts `masked_lm_ids` over the first `max_instances` instances of an output directory (shard
+    order: the same on every host), add-one smoothed, log-probabilities minus their mean. Used to
+    initialise the MLM output bias (`config.mlm_bias_init = "log_prior"`): the head then starts at the
+    unigram distribution (the loss of a model that ignores context) instead of having to learn it
+    through the encoder, which collapses its representations on the way (the "init well" advice of
+    Karpathy's "A Recipe for Training Neural Networks", 2019; a classifier's prior-bias init, Lin et
+    al. 2017, section 4.1).
+
+    Raises:
+      FileNotFoundError: not a complete create_pretraining_data output.
+      ValueError: a target id >= vocab_size (instances built with another vocabulary).
+    """
+    counts = np.zeros(vocab_size, np.float64)
+    for i, instance in enumerate(iterate_instances(path)):
+        if i == max_instances:
+            break
+        ids, weights = instance["masked_lm_ids"], instance["masked_lm_weights"]
+        if ids.max(initial=0) >= vocab_size:
+            raise ValueError(f"{path}: masked_lm_ids up to {int(ids.max())}, beyond vocab_size={vocab_size}")
+        np.add.at(counts, ids, weights)
+    log_prior = np.log((counts + 1.0) / (counts + 1.0).sum())
+    return (log_prior - log_prior.mean()).astype(np.float32)

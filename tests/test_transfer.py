@@ -1,0 +1,142 @@
+"""The transfer machinery: task-text corpus readers on the real files, the MLM log-prior bias init,
+the pooled-sd summary and the probe configs/commands (bert_jax.experiment)."""
+
+import json
+import math
+import re
+import statistics
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import experiment, train
+from bert_jax.data import corpus, pretraining
+from configs import pretrain
+
+
+def test_wikitext_articles_are_documents(data_dir, tmp_path):
+    files = [str(data_dir / "corpus" / "wikitext-2" / f) for f in ("valid.txt", "test.txt")]
+    titles = sum(1 for f in files for line in open(f, encoding="utf-8") if re.fullmatch(r" = [^=].* = \n", line))
+    docs = list(corpus.read_wikitext_documents(files, corpus.ReadStats()))
+    non_empty_titles = 0
+    for f in files:  # an article with body text between its title and the next one
+        lines = open(f, encoding="utf-8").read().split("\n")
+        starts = [i for i, line in enumerate(lines) if re.fullmatch(r" = [^=].* = ", line)] + [len(lines)]
+        non_empty_titles += sum(any(line.strip() and not line.strip().startswith("=") for line in lines[a + 1:b])
+                                for a, b in zip(starts, starts[1:]))
+    assert titles >= len(docs) == non_empty_titles > 100
+    text = " ".join(s for d in docs for s in d)
+    assert " @-@ " not in text and "<unk>" not in text and "= =" not in text
+    assert docs[0][0].startswith("Homarus gammarus , known as the European lobster or common lobster , is a species of lobster")
+
+
+def test_squad_contexts_are_documents(data_dir):
+    path = data_dir / "squad" / "train-v1.1-subset-44articles.json"
+    paragraphs = [p["context"] for a in json.loads(path.read_text())["data"] for p in a["paragraphs"]]
+    docs = list(corpus.read_squad_documents([str(path)], corpus.ReadStats()))
+    assert len(docs) == len(paragraphs)
+    assert all(" ".join(d) == " ".join(p.split()) for d, p in zip(docs, paragraphs))  # nothing lost or added
+
+
+def test_squad_reader_names_a_bad_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"version\": 1}")
+    with pytest.raises(ValueError, match="bad.json: not a SQuAD JSON file"):
+        list(corpus.read_squad_documents([str(bad)], corpus.ReadStats()))
+
+
+def test_glue_training_text_as_documents(data_dir):
+    sst2 = list(corpus.read_glue_documents([str(data_dir / "glue" / "SST-2" / "train.tsv")], "sst2", corpus.ReadStats(),
+                                           sentences_per_document=8))
+    assert sum(len(d) for d in sst2) == 67349 and len(sst2) == math.ceil(67349 / 8)
+    assert sst2[0][:2] == ["when are bears bears and", "kids , spirit"]
+    mrpc = list(corpus.read_glue_documents([str(data_dir / "glue" / "MRPC" / "train.tsv")], "mrpc", corpus.ReadStats()))
+    assert len(mrpc) == 3668 and all(len(d) == 2 for d in mrpc)
+
+
+def test_write_corpus_counts_and_round_trips(data_dir, tmp_path):
+    path = str(tmp_path / "corpus.txt")
+    counts = experiment.write_corpus(experiment.shared_sources(["mrpc"], str(data_dir))
+                                     + [("pydoc", "pydoc", [])], path)
+    docs = list(corpus.read_sentence_documents([path], corpus.ReadStats()))
+    assert counts["mrpc"] == {"documents": 3668, "sentences": 7336}
+    assert len(docs) == counts["mrpc"]["documents"] + counts["pydoc"]["documents"]
+    assert sum(map(len, docs)) == counts["mrpc"]["sentences"] + counts["pydoc"]["sentences"]
+    with pytest.raises(ValueError, match="'books' is not one of"):
+        experiment.shared_sources(["books"], str(data_dir))
+    with pytest.raises(ValueError, match="nope.json does not exist"):
+        experiment.write_corpus([("x", "squad", [str(tmp_path / "nope.json")])], path)
+
+
+def test_log_prior_matches_a_hand_count(instances):
+    vocab_size = 30522
+    prior = pretraining.masked_token_log_prior(str(instances / "p1"), vocab_size)
+    counts = np.ones(vocab_size)
+    for x in pretraining.iterate_instances(str(instances / "p1")):
+        ids = x["masked_lm_ids"][x["masked_lm_weights"] > 0]
+        counts += np.bincount(ids, minlength=vocab_size)
+    expected = np.log(counts / counts.sum())
+    np.testing.assert_allclose(prior, expected - expected.mean(), rtol=1e-5, atol=1e-5)
+    assert prior.dtype == np.float32 and abs(float(prior.mean())) < 1e-4
+    with pytest.raises(ValueError, match="beyond vocab_size=100"):
+        pretraining.masked_token_log_prior(str(instances / "p1"), 100)
+
+
+def test_log_prior_init_starts_at_the_unigram_loss(instances):
+    """A new run with mlm_bias_init=log_prior starts from that bias, sharded like the zero one, and
+    its untrained model's MLM loss on real instances is near the targets' unigram entropy, far below
+    the zero-bias model's ~log(V)."""
+    config = pretrain.get_config("tiny")
+    config.phases[0].data_dir = str(instances / "p1")
+    config.mlm_bias_init = "log_prior"
+    mesh = train.make_mesh(config)
+    model = train.create_model(config)
+    tx, _ = train.create_optimizer(config)
+    prior = train.initial_mlm_bias(config)
+    state, shardings = train.create_train_state(model, tx, mesh, 0, mlm_bias=prior)
+    zero_state, _ = train.create_train_state(model, tx, mesh, 0)
+    assert state.params["mlm_output_bias"].sharding == zero_state.params["mlm_output_bias"].sharding
+    np.testing.assert_array_equal(np.asarray(state.params["mlm_output_bias"]), prior)
+    batch = {k: np.stack([x[k] for x in list(pretraining.iterate_instances(str(instances / "p1")))[:32]])
+             for k in train.BATCH_FIELDS}
+    losses = {}
+    for name, s in (("prior", state), ("zeros", zero_state)):
+        out = model.apply({"params": jax.device_get(s.params)}, batch["input_ids"], batch["token_type_ids"],
+                          batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"],
+                          deterministic=True)
+        logp = jax.nn.log_softmax(np.asarray(out.mlm_logits, np.float64), axis=-1)
+        nll = -np.take_along_axis(np.asarray(logp), batch["masked_lm_ids"][..., None], -1)[..., 0]
+        losses[name] = float((nll * batch["masked_lm_weights"]).sum() / batch["masked_lm_weights"].sum())
+    assert losses["zeros"] == pytest.approx(math.log(30522), abs=0.1)
+    assert losses["prior"] < losses["zeros"] - 2.0, losses
+    config.mlm_bias_init = "ones"
+    with pytest.raises(ValueError, match="mlm_bias_init='ones' is not"):
+        train.validate(config, mesh, need_data=False)
+
+
+def test_summarize_hand_computed():
+    s = experiment.summarize([74.0, 76.0, 75.0], [70.0, 71.0, 72.0])
+    assert s["pretrained_mean"] == 75.0 and s["random_mean"] == 71.0 and s["gain"] == 4.0
+    assert s["pretrained_sd"] == s["random_sd"] == 1.0 == s["pooled_sd"] == statistics.stdev([70.0, 71.0, 72.0])
+    assert s["gain_in_pooled_sd"] == 4.0
+    assert experiment.summarize([80.0], [70.0])["gain_in_pooled_sd"] == math.inf
+
+
+def test_probe_command_names_only_what_differs(tmp_path):
+    model = pretrain.get_config("transfer").model
+    model.vocab_size = 8000
+    cmd = experiment.probe_command("sst2_2k", str(tmp_path / "w"), init_checkpoint="", vocab_file="v.txt",
+                                   model=model, shared_data_dir="/data", seed=1)
+    flags = [c for c in cmd if c.startswith("--config.")]
+    assert "--config.max_train_examples=2000" in flags and "--config.model.vocab_size=8000" in flags
+    assert "--config.data_dir=/data/glue/SST-2" in flags and "--config.seed=1" in flags
+    assert "--config.model.hidden_size=128" in flags  # configs/glue.py's default architecture is base
+    assert not any(f.startswith("--config.train_batch_size=") for f in flags)  # 32 is the default
+    config = experiment.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model,
+                                     shared_data_dir="/data", seed=0, max_train_examples=10)
+    assert config.train_file == "/data/squad/train-v1.1-subset-44articles.json" and config.max_train_examples == 10
+    assert experiment.probe_config("sst2_2k", init_checkpoint="", vocab_file="v.txt", model=model, shared_data_dir="",
+                                   seed=0, data_dir="/elsewhere/SST-2").data_dir == "/elsewhere/SST-2"
+    with pytest.raises(ValueError, match="probe 'cola' is not one of"):
+        experiment.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, shared_data_dir="", seed=0)
