@@ -24,10 +24,10 @@ def _flat(tree):
 
 @pytest.fixture(scope="module")
 def pretrained(instances, tmp_path_factory):
-    """A tiny BERT pre-trained by bert_jax for 6 steps on one device: its workdir."""
+    """A tiny BERT pre-trained by bert_jax for 6 steps on one device (checkpoints 3 and 6): its workdir."""
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(instances / "p1"), 8)]
-    config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 6, 2, 6, 3
+    config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 6, 2, 3, 3
     config.mesh.num_devices = 1
     workdir = tmp_path_factory.mktemp("pretrain")
     train.train_and_evaluate(config, str(workdir))
@@ -87,6 +87,27 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     assert set(state.params) == {"bert", "qa_outputs"}
     head = np.asarray(state.params["qa_outputs"]["kernel"])
     assert 0.01 < head.std() < 0.03  # freshly initialised (stddev initializer_range 0.02, truncated)
+
+
+def test_init_from_one_checkpoint_of_a_run(pretrained):
+    """init_checkpoint=<workdir>/checkpoints/<step> takes that step's encoder, not the latest's."""
+    encoders = {}
+    for path in (pretrained / "checkpoints" / "3", pretrained):
+        config = glue_config.get_config("sst2")
+        config.init_checkpoint = str(path)
+        init = finetune.resolve_init(config)
+        model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+        tx, _ = finetune.create_optimizer(config, 10)
+        state, _ = finetune.create_state(model, tx, sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, seed=0)
+        encoders[init.step] = _flat(state.params["bert"])
+    assert sorted(encoders) == [3, 6]
+    restored = checkpointing.restore_params(str(pretrained / "checkpoints"), jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+        {"bert": jax.device_get(state.params["bert"])}), step=3)
+    for k, v in _flat(restored["bert"]).items():
+        np.testing.assert_array_equal(encoders[3][k], v, err_msg=k)
+    assert not np.array_equal(encoders[3]["embeddings/word_embeddings/embedding"],
+                              encoders[6]["embeddings/word_embeddings/embedding"])
 
 
 def test_hf_encoder_and_fresh_head(minilm_dir):

@@ -6,7 +6,8 @@ Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained enco
                                 config.json;
   a bert_jax pre-training run   its workdir or `<workdir>/checkpoints`: the encoder params of the
                                 latest Orbax checkpoint, read straight into this job's shardings,
-                                architecture (and layer layout) from the config saved with it.
+                                architecture (and layer layout) from the config saved with it;
+                                `<workdir>/checkpoints/<step>` takes that checkpoint instead.
 In every case the task head is initialised fresh and the compute options (dtype, param_dtype,
 remat_policy) come from this job's `config.model`.
 
@@ -42,12 +43,13 @@ INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 @dataclasses.dataclass
 class Initialisation:
     """Where the encoder comes from: kind is "random", "hf" or "orbax"; `bert_params` holds the
-    Hugging Face encoder arrays (numpy) for kind "hf"."""
+    Hugging Face encoder arrays (numpy) for kind "hf"; `step` the Orbax checkpoint (None: latest)."""
 
     kind: str
     path: str
     config: modeling.BertConfig
     bert_params: Any = None
+    step: int | None = None
 
 
 def _checkpoint_dir(path: str) -> str | None:
@@ -73,15 +75,19 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     if storage.is_file(storage.join(path, convert.CONFIG_NAME)):
         bert_config, params = convert.from_hf(path, scan_layers=config.model.scan_layers, **compute)
         return Initialisation("hf", path, bert_config, params["bert"])
+    step = None
+    parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else ("", path)
+    if name.isdigit() and parent and storage.is_file(storage.join(path, "_CHECKPOINT_METADATA")):
+        path, step = parent, int(name)  # one checkpoint of a run: <workdir>/checkpoints/<step>
     ckpt_dir = _checkpoint_dir(path)
     if ckpt_dir is None:
         raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
                                 "nor a bert_jax run with checkpoints")
     checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False)
-    step = checkpointer.latest_step()
+    step = checkpointer.latest_step() if step is None else step
     saved = checkpointer.restore_config(step)
     checkpointer.close()
-    return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute))
+    return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute), step=step)
 
 
 def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) -> str:
@@ -146,7 +152,7 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.s
                 encoder, param_shardings["bert"])
         elif init.kind == "orbax":
             target = checkpointing.abstract_like(abstract["bert"], param_shardings["bert"])
-            params["bert"] = checkpointing.restore_params(init.path, {"bert": target})["bert"]
+            params["bert"] = checkpointing.restore_params(init.path, {"bert": target}, init.step)["bert"]
         boxed_state = jax.eval_shape(lambda: TrainState(jnp.zeros((), jnp.int32), init_params(),
                                                         tx.init(init_params()), dropout_rng))
         state_shardings = sharding.logical_sharding(nn.get_partition_spec(boxed_state), mesh)
