@@ -10,12 +10,23 @@ previous checkpoints intact.
 
 Restoring takes an abstract target (`jax.ShapeDtypeStruct` with shardings), so a checkpoint written
 on one mesh or device count restores onto another: each process reads only its shards.
+
+Unreadable checkpoints (`restore_newest_readable`, `restore_params`): a step whose Orbax metadata
+(`_CHECKPOINT_METADATA`, the items' directories, the array tree metadata) cannot be read, or whose arrays
+fail to read (a truncated or missing file: TensorStore's error), is reported in one line naming the
+step, moved aside to `<step>.unreadable` (never deleted) and the next older step is tried. A checkpoint
+whose arrays are readable but of other shapes than the target is a configuration error (ValueError),
+not a corrupt checkpoint, and is left where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -61,12 +72,28 @@ class Checkpointer:
 
         Raises:
           ValueError: checkpoint `step` already exists (Orbax's `StepAlreadyExistsError`).
-          Exception: whatever a previous asynchronous save failed with, re-raised when it is awaited;
-            a failure of this save surfaces likewise in a later `save`, `wait` or `close`.
+          CheckpointSaveError: this or the previous (asynchronous) save ran out of disk space.
+          Exception: whatever else a previous asynchronous save failed with, re-raised when it is
+            awaited; a failure of this save surfaces likewise in a later `save`, `wait` or `close`.
         """
-        return self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), config=ocp.args.JsonSave(config)),
-            force=force)
+        with self._save_errors(f"saving checkpoint {step}"):
+            return self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), config=ocp.args.JsonSave(config)),
+                force=force)
+
+    @contextlib.contextmanager
+    def _save_errors(self, what: str):
+        """Turns a save that failed for lack of space (here or, asynchronously, an earlier one) into a
+        one-line CheckpointSaveError naming the directory; other errors pass unchanged."""
+        try:
+            yield
+        except Exception as e:
+            text = str(e)
+            if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in text or \
+                    "RESOURCE_EXHAUSTED" in text and "space" in text.lower():
+                raise CheckpointSaveError(f"{what} (or the one before it) to {self.directory} failed: no space left on "
+                                          "device; the earlier checkpoints are intact") from None
+            raise
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """Restores checkpoint `step` onto the shardings of `abstract_state` -> (state, data).
@@ -92,9 +119,31 @@ class Checkpointer:
         """
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
+    def restore_newest_readable(self, abstract_state: Any) -> tuple[int | None, Any, dict | None]:
+        """Restores the newest readable checkpoint -> (step, state, data); (None, None, None) when the
+        directory holds no checkpoint. Unreadable newer steps are moved aside (module docstring).
+
+        Raises:
+          NoReadableCheckpoint: checkpoints exist but none is readable (all moved aside).
+          CheckpointMismatch (a ValueError): a readable checkpoint whose arrays differ from `abstract_state`.
+        """
+        def restore(step):
+            check_shapes(storage.join(self.directory, str(step)), {"": abstract_state})
+            return self.restore(step, abstract_state)
+
+        steps = self.all_steps()
+        found = newest_readable(self.directory, steps, restore)
+        if found is None:
+            return None, None, None
+        step, (state, data) = found
+        if step != steps[-1]:  # newer steps were moved aside: the manager lists what is left
+            self.manager.reload()
+        return step, state, data
+
     def wait(self) -> None:
         """Blocks until pending asynchronous saves are on disk."""
-        self.manager.wait_until_finished()
+        with self._save_errors("writing checkpoints"):
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending asynchronous saves, then releases the manager; the object is unusable after.
@@ -102,7 +151,8 @@ class Checkpointer:
         Raises:
           Exception: whatever a pending asynchronous save failed with (re-raised by Orbax).
         """
-        self.manager.wait_until_finished()
+        with self._save_errors("writing checkpoints"):
+            self.manager.wait_until_finished()
         self.manager.close()
 
 
@@ -118,21 +168,200 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
       directory: `<workdir>/checkpoints` of a pre-training run.
       abstract_params: target tree of ShapeDtypeStructs (with shardings) for the params subtree to read,
         e.g. just `{"bert": ...}` to take the encoder and leave the heads out.
-      step: which checkpoint (default: latest).
+      step: which checkpoint (default: the newest readable one; unreadable newer ones are moved aside).
 
     Raises:
-      FileNotFoundError: no checkpoint in `directory`.
+      FileNotFoundError: no checkpoint in `directory` (NoReadableCheckpoint: none readable).
+      CheckpointMismatch (a ValueError): arrays of other shapes than `abstract_params`.
     """
     manager = ocp.CheckpointManager(directory if storage.is_remote(directory) else os.path.abspath(directory),
                                     item_names=("state", "data", "config"),
                                     options=ocp.CheckpointManagerOptions(read_only=True))
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"{directory}: no checkpoint")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": abstract_params},
-        restore_args=jax.tree_util.tree_map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
-                                            {"params": abstract_params}),
-        partial_restore=True)))
-    manager.close()
-    return restored["state"]["params"]
+
+    def restore(s):
+        check_shapes(storage.join(directory, str(s)), {"params": abstract_params})
+        return manager.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item={"params": abstract_params},
+            restore_args=jax.tree_util.tree_map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                                                {"params": abstract_params}),
+            partial_restore=True)))["state"]["params"]
+
+    try:
+        if step is not None:
+            return restore(step)
+        found = newest_readable(directory, list(manager.all_steps()), restore)
+        if found is None:
+            raise FileNotFoundError(f"{directory}: no checkpoint")
+        return found[1]
+    finally:
+        manager.close()
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (no space left on device); earlier checkpoints are intact."""
+
+
+class NoReadableCheckpoint(FileNotFoundError):
+    """Checkpoints exist, but none could be read (each was moved aside)."""
+
+
+class CheckpointMismatch(ValueError):
+    """A readable checkpoint whose arrays do not fit the target (another model or config)."""
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
+    """Compares the array shapes recorded in a checkpoint's `state` metadata (Orbax's tree metadata)
+    with `target` = {path prefix: tree of arrays or ShapeDtypeStructs} ("" = the whole state,
+    "params" = that subtree).
+
+    Raises:
+      CheckpointMismatch: a target array missing from the checkpoint or stored with another shape (names it).
+      Exception: whatever Orbax raises when the metadata cannot be read (an unreadable checkpoint).
+    """
+    from absl import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)  # an item has no step metadata file of its own: Orbax warns
+    try:
+        metadata = ocp.StandardCheckpointer().metadata(storage.join(step_dir, "state"))
+    finally:
+        logging.set_verbosity(verbosity)
+    tree = getattr(metadata, "item_metadata", metadata)
+    stored = {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
+              for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+    for prefix, subtree in target.items():
+        for path, leaf in jax.tree_util.tree_leaves_with_path(subtree):
+            name = "/".join([prefix] * bool(prefix) + [_key_name(k) for k in path])
+            if name not in stored:
+                raise CheckpointMismatch(f"checkpoint {step_dir} has no array {name} (a checkpoint of another model?)")
+            if stored[name] != tuple(leaf.shape):
+                raise CheckpointMismatch(f"checkpoint {step_dir}: {name} has shape {stored[name]}, the config gives "
+                                 f"{tuple(leaf.shape)}")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).split(". See full TensorStore details")[0].strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:160] if text else ''}"
+
+
+def newest_readable(directory: str, steps: list[int], restore: Callable[[int], Any]) -> tuple[int, Any] | None:
+    """The one fallback policy of every restore: tries `restore(step)` from the newest step down -> (step, result) of the first that reads; an
+    unreadable step is reported in one line and moved aside (process 0 renames it). None without steps.
+
+    Raises:
+      NoReadableCheckpoint: no step could be read.
+      CheckpointMismatch: from `restore` for a readable checkpoint that does not fit (not moved).
+    """
+    set_aside = []
+    for step in sorted(steps, reverse=True):
+        step_dir = storage.join(directory, str(step))
+        try:
+            _check_integrity(step_dir)
+            with _quiet_unless_ok():
+                return step, restore(step)
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # TensorStore / Orbax / OS errors reading the files: an unreadable checkpoint
+            reason = _first_line(e)
+        moved = _move_aside(step_dir)
+        set_aside.append(step)
+        print(f"checkpoint {step} in {directory} is unreadable ({reason}); "
+              + (f"moved to {moved}; " if moved else "could not move it aside; ") + "trying the previous one",
+              file=sys.stderr, flush=True)
+    if set_aside:
+        raise NoReadableCheckpoint(f"{directory}: no readable checkpoint (steps {sorted(set_aside)} are unreadable "
+                                   "and were moved aside as <step>.unreadable)")
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_unless_ok():
+    """Holds back what is written to stderr (file descriptor 2: Orbax's and TensorStore's own reports,
+    from Python and C++ threads alike) while a restore is tried: replayed when it succeeds, dropped
+    when it fails (the caller then reports the failure in one line). Orbax's reads that were still in
+    flight when the first one failed are collected here too, so their tracebacks do not surface later."""
+    import gc
+    import tempfile
+    import time
+
+    sys.stderr.flush()
+    saved_fd, saved_hook = os.dup(2), sys.unraisablehook
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        sys.unraisablehook = lambda _: None
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            if not ok:
+                time.sleep(0.5)  # let the failed restore's other reads finish
+                gc.collect()
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            sys.unraisablehook = saved_hook if ok else _drop_abandoned_reads(saved_hook)
+            if ok:
+                held.seek(0)
+                os.write(2, held.read())
+
+
+def _drop_abandoned_reads(hook):
+    """An unraisable-exception hook that drops the errors of Orbax array reads abandoned by a failed
+    restore (coroutines finalised later, e.g. at exit; already reported in one line) and passes
+    everything else to `hook`."""
+    if getattr(hook, "drops_abandoned_reads", False):
+        return hook
+
+    def filtered(unraisable):
+        if "_read_array" not in getattr(unraisable.object, "__qualname__", ""):
+            hook(unraisable)
+
+    filtered.drops_abandoned_reads = True
+    return filtered
+
+
+def _check_integrity(step_dir: str) -> None:
+    """Orbax's own completeness markers: the step metadata parses, and every item was committed.
+
+    Raises:
+      ValueError: a missing or unparsable marker (names it).
+    """
+    try:
+        json.loads(storage.read_text(storage.join(step_dir, "_CHECKPOINT_METADATA")))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"_CHECKPOINT_METADATA unreadable ({type(e).__name__})") from None
+    for item in ("state", "data"):
+        if not storage.is_file(storage.join(step_dir, item, "_METADATA" if item == "state" else "metadata")):
+            raise ValueError(f"item {item!r} missing or incomplete")
+
+
+def _move_aside(step_dir: str) -> str | None:
+    """Renames `step_dir` to `<step_dir>.unreadable` (or `.unreadable-N`) on process 0 -> the new
+    name, or None when it cannot be renamed (e.g. a read-only location)."""
+    target = step_dir + ".unreadable"
+    if jax.process_index() == 0:
+        n = 1
+        while os.path.exists(target):
+            target, n = f"{step_dir}.unreadable-{n}", n + 1
+        try:
+            if storage.is_remote(step_dir):
+                from etils import epath
+
+                epath.Path(step_dir).rename(target)
+            else:
+                os.replace(step_dir, target)
+        except OSError:
+            return None
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"move aside {step_dir}")
+    return target

@@ -390,12 +390,10 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     is_main = jax.process_index() == 0
     checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
                                               max_to_keep=config.keep_checkpoints)
-    latest = checkpointer.latest_step()
+    latest, state, data_state = checkpointer.restore_newest_readable(checkpointing.abstract_like(abstract, shardings))
     if latest is None:
         state, _ = create_train_state(model, tx, mesh, config.seed, shardings, initial_mlm_bias(config))
-        data_state = None
     else:
-        state, data_state = checkpointer.restore(latest, checkpointing.abstract_like(abstract, shardings))
         if is_main:
             print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
     step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
@@ -537,7 +535,7 @@ def main(argv):
     try:
         distributed.initialize_from_flags()
         metrics = train_and_evaluate(f.config, f.workdir, max_steps=f.max_steps)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
         raise SystemExit(f"train: {e}") from None
     if jax.process_index() == 0:
         print(json.dumps(metrics))

@@ -90,6 +90,7 @@ def test_log_prior_init_starts_at_the_unigram_loss(instances):
     config = pretrain.get_config("tiny")
     config.phases[0].data_dir = str(instances / "p1")
     config.mlm_bias_init = "log_prior"
+    config.mesh.num_devices = 1
     mesh = train.make_mesh(config)
     model = train.create_model(config)
     tx, _ = train.create_optimizer(config)

@@ -65,7 +65,7 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
 
     Raises:
       FileNotFoundError: init_checkpoint is neither a Hugging Face directory nor a directory with
-        bert_jax checkpoints.
+        bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none readable).
       ValueError: a bad model config (from `BertConfig`) or a bad Hugging Face directory (`from_hf`).
     """
     path = config.init_checkpoint
@@ -84,8 +84,10 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
         raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
                                 "nor a bert_jax run with checkpoints")
     checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False)
-    step = checkpointer.latest_step() if step is None else step
-    saved = checkpointer.restore_config(step)
+    if step is None:  # the newest readable checkpoint; unreadable newer ones are moved aside
+        saved = checkpointing.newest_readable(ckpt_dir, checkpointer.all_steps(), checkpointer.restore_config)[1]
+    else:
+        saved = checkpointer.restore_config(step)
     checkpointer.close()
     return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute), step=step)
 
@@ -382,7 +384,7 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
         try:
             distributed.initialize_from_flags()
             metrics = run(flags.FLAGS.config, flags.FLAGS.workdir)
-        except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
             raise SystemExit(f"{name}: {e}") from None
         if jax.process_index() == 0:
             print(json.dumps(metrics))
