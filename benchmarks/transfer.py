@@ -79,6 +79,9 @@ def main():
     parser.add_argument("--curve_probe", default="sst2_2k")
     parser.add_argument("--probes", default="sst2_2k,sst2,mrpc,squad")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--learning_rates", default="",
+                        help="comma-separated: each init takes its best of these on dev (seed 0) before the seeds, "
+                             "as the paper picks the fine-tuning learning rate (appendix A.3); empty: the probe's own")
     parser.add_argument("--peer", action="store_true", help="also pre-train and fine-tune the transformers peer")
     args = parser.parse_args()
 
@@ -124,14 +127,25 @@ def main():
     finetune_dir = os.path.join(workdir, "finetune")
     os.makedirs(finetune_dir, exist_ok=True)
 
-    def score(probe, init, seed, tag):
+    def score(probe, init, seed, tag, learning_rate=None):
+        lr = {} if learning_rate is None else {"learning_rate": learning_rate}
+        name = f"{tag}-{probe}-{seed}" + (f"-lr{learning_rate:g}" if lr else "")
+
         def compute():
-            m = experiment.finetune(probe, os.path.join(finetune_dir, f"{tag}-{probe}-{seed}"), init_checkpoint=init,
-                                    vocab_file=vocab_file, model=config.model, shared_data_dir=str(DATA), seed=seed)
+            m = experiment.finetune(probe, os.path.join(finetune_dir, name), init_checkpoint=init,
+                                    vocab_file=vocab_file, model=config.model, shared_data_dir=str(DATA), seed=seed,
+                                    **lr)
             return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
-        m = _cached(os.path.join(finetune_dir, f"{tag}-{probe}-{seed}.json"), compute)
-        print(f"  {probe} {tag} seed {seed}: {m['score']:.2f}", flush=True)
+        m = _cached(os.path.join(finetune_dir, f"{name}.json"), compute)
+        print(f"  {probe} {tag} seed {seed}{' lr %g' % learning_rate if lr else ''}: {m['score']:.2f}", flush=True)
         return m["score"]
+
+    def best_lr(probe, init, tag):
+        """The best of --learning_rates on dev with seed 0 (None: the probe's own learning rate)."""
+        if not args.learning_rates:
+            return None
+        scores = {lr: score(probe, init, 0, tag, lr) for lr in map(float, args.learning_rates.split(","))}
+        return max(scores, key=scores.get)
 
     # the transfer-versus-step curve
     curve = []
@@ -146,9 +160,11 @@ def main():
     # the table
     table = {}
     for probe in args.probes.split(","):
-        pre = [score(probe, run_dir, s, "pretrained") for s in range(args.seeds)]
-        rnd = [score(probe, "", s, "random") for s in range(args.seeds)]
-        table[probe] = dict(experiment.summarize(pre, rnd), pretrained=pre, random=rnd)
+        lr_pre, lr_rnd = best_lr(probe, run_dir, "pretrained"), best_lr(probe, "", "random")
+        pre = [score(probe, run_dir, s, "pretrained", lr_pre) for s in range(args.seeds)]
+        rnd = [score(probe, "", s, "random", lr_rnd) for s in range(args.seeds)]
+        table[probe] = dict(experiment.summarize(pre, rnd), pretrained=pre, random=rnd,
+                            learning_rates={"pretrained": lr_pre, "random": lr_rnd})
     results["table"] = table
     with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

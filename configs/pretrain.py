@@ -118,7 +118,7 @@ def _recipe(name: str) -> ml_collections.ConfigDict:
     config = get_config("tiny")
     config.mlm_bias_init = "log_prior"
     config.learning_rate = 1e-3
-    config.total_steps = 12_000 if name == "transfer" else 800
+    config.total_steps = 12_000 if name == "transfer" else 600
     config.warmup_steps = config.total_steps // 20
     config.phases = [phase(128, 20, 0.9, "data/phase1", 64), phase(256, 40, 0.1, "data/phase2", 32)]
     config.log_every = 100 if name == "transfer" else 10
