@@ -30,6 +30,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
@@ -157,6 +158,20 @@ def main():
                       "mlm_accuracy": near["mlm_accuracy"], "nsp_accuracy": near["nsp_accuracy"]})
     results["curve"] = {"probe": args.curve_probe, "random": random_curve, "points": curve}
 
+    peer_dir = os.path.join(workdir, "peer")
+    if args.peer:  # the same instances and recipe through transformers' BertForPreTraining
+        import peer_pretraining
+
+        peer_budget = _cached(os.path.join(workdir, "peer.json"), lambda: peer_pretraining.pretrain_peer(
+            config, peer_dir, vocab_file, export_steps=curve_steps))
+        peer_records = {r["step"]: r for r in map(json.loads, open(os.path.join(peer_dir, "metrics.jsonl")))}
+        for point in curve:
+            near = peer_records[min(peer_records, key=lambda s: abs(s - point["step"]))]
+            point.update(peer_score=score(args.curve_probe, os.path.join(peer_dir, f"hf-{point['step']}"), 0,
+                                          f"peer-step{point['step']}"),
+                         peer_mlm_accuracy=near["mlm_accuracy"], peer_nsp_accuracy=near["nsp_accuracy"])
+        results["peer_budget"] = peer_budget
+
     # the table
     table = {}
     for probe in args.probes.split(","):
@@ -165,6 +180,11 @@ def main():
         rnd = [score(probe, "", s, "random", lr_rnd) for s in range(args.seeds)]
         table[probe] = dict(experiment.summarize(pre, rnd), pretrained=pre, random=rnd,
                             learning_rates={"pretrained": lr_pre, "random": lr_rnd})
+        if args.peer:
+            lr_peer = best_lr(probe, os.path.join(peer_dir, "hf"), "peer")
+            peer = [score(probe, os.path.join(peer_dir, "hf"), s, "peer", lr_peer) for s in range(args.seeds)]
+            table[f"{probe} (peer)"] = dict(experiment.summarize(peer, rnd), pretrained=peer, random=rnd,
+                                            learning_rates={"pretrained": lr_peer, "random": lr_rnd})
     results["table"] = table
     with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
@@ -177,7 +197,10 @@ def print_table(results):
           f"{b['seconds'] / 60:.1f} min")
     print(f"curve ({results['curve']['probe']}, seed 0; random init {results['curve']['random']:.2f}):")
     for p in results["curve"]["points"]:
-        print(f"  step {p['step']:6d}: {p['score']:.2f}  (MLM acc {p['mlm_accuracy']:.3f}, NSP acc {p['nsp_accuracy']:.3f})")
+        peer = (f"; peer {p['peer_score']:.2f} (MLM acc {p['peer_mlm_accuracy']:.3f}, NSP acc "
+                f"{p['peer_nsp_accuracy']:.3f})") if "peer_score" in p else ""
+        print(f"  step {p['step']:6d}: {p['score']:.2f}  (MLM acc {p['mlm_accuracy']:.3f}, NSP acc "
+              f"{p['nsp_accuracy']:.3f}){peer}")
     print("\n| probe | pre-trained | random init | gain | gain / pooled sd |\n|---|---|---|---|---|")
     for probe, t in results["table"].items():
         print(f"| {probe} | {t['pretrained_mean']:.2f} ± {t['pretrained_sd']:.2f} | {t['random_mean']:.2f} ± "

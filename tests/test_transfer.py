@@ -141,3 +141,39 @@ def test_probe_command_names_only_what_differs(tmp_path):
                                    seed=0, data_dir="/elsewhere/SST-2").data_dir == "/elsewhere/SST-2"
     with pytest.raises(ValueError, match="probe 'cola' is not one of"):
         experiment.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, shared_data_dir="", seed=0)
+
+
+def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, data_dir):
+    """The transfer benchmark's peer (transformers BertForPreTraining on the same instances and recipe):
+    its loss falls, its Hugging Face export loads in bert_jax to the same encoder outputs (1e-5), and
+    it starts from the same log-prior MLM bias as bert_jax."""
+    import sys
+
+    import torch
+
+    from bert_jax import convert, modeling
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peer_pretraining
+
+    config = pretrain.get_config("tiny")
+    config.phases = [pretrain.phase(64, 10, 1.0, str(instances / "p1"), 16)]
+    config.total_steps, config.warmup_steps, config.learning_rate = 30, 3, 1e-3
+    config.mlm_bias_init = "log_prior"
+    vocab = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    summary = peer_pretraining.pretrain_peer(config, str(tmp_path), vocab, log_every=10, export_steps=(10,), threads=2)
+    losses = [json.loads(line)["mlm_loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 30 and len(losses) == 3 and losses[-1] < losses[0] - 0.5, losses
+    assert (tmp_path / "hf-10" / "vocab.txt").is_file()
+    bert_config, params = convert.from_hf(str(tmp_path / "hf"))
+    peer = __import__("transformers").BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
+    batch = next(pretraining.iterate_instances(str(instances / "p1")))
+    ids, types, mask = (np.asarray(batch[k])[None] for k in ("input_ids", "token_type_ids", "attention_mask"))
+    ours = modeling.BertModel(bert_config).apply({"params": params["bert"]}, ids, types, mask, deterministic=True)
+    with torch.no_grad():
+        theirs = peer.bert(input_ids=torch.from_numpy(ids).long(), token_type_ids=torch.from_numpy(types).long(),
+                           attention_mask=torch.from_numpy(mask).long())
+    np.testing.assert_allclose(np.asarray(ours.sequence_output), theirs.last_hidden_state.numpy(), atol=1e-5)
+    initial = train.initial_mlm_bias(config)
+    assert abs(float(np.corrcoef(peer.cls.predictions.bias.detach().numpy(), initial)[0, 1])) > 0.9
