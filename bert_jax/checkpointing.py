@@ -236,11 +236,17 @@ def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
     tree = getattr(metadata, "item_metadata", metadata)
     stored = {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
               for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+    # The tree as saved (Orbax's _METADATA file): an array named there but without readable metadata
+    # is damage, not another model.
+    saved = json.loads(storage.read_text(storage.join(step_dir, "state", "_METADATA")))["tree_metadata"]
+    saved_names = {"/".join(str(k["key"]) for k in entry["key_metadata"]) for entry in saved.values()}
     for prefix, subtree in target.items():
         for path, leaf in jax.tree_util.tree_leaves_with_path(subtree):
             name = "/".join([prefix] * bool(prefix) + [_key_name(k) for k in path])
-            if name not in stored:
+            if name not in saved_names:
                 raise CheckpointMismatch(f"checkpoint {step_dir} has no array {name} (a checkpoint of another model?)")
+            if name not in stored:
+                raise OSError(f"array {name} is listed in the checkpoint's tree but its metadata is unreadable")
             if stored[name] != tuple(leaf.shape):
                 raise CheckpointMismatch(f"checkpoint {step_dir}: {name} has shape {stored[name]}, the config gives "
                                  f"{tuple(leaf.shape)}")
@@ -301,9 +307,13 @@ def _quiet_unless_ok():
             yield
             ok = True
         finally:
-            if not ok:
-                time.sleep(0.5)  # let the failed restore's other reads finish
-                gc.collect()
+            if not ok:  # let the failed restore's other reads finish and report (up to 5 s, until quiet)
+                size, quiet, deadline = -1, 0, time.monotonic() + 5.0
+                while quiet < 3 and time.monotonic() < deadline:
+                    time.sleep(0.25)
+                    gc.collect()
+                    grown = os.fstat(held.fileno()).st_size
+                    quiet, size = (quiet + 1, size) if grown == size else (0, grown)
             sys.stderr.flush()
             os.dup2(saved_fd, 2)
             os.close(saved_fd)
