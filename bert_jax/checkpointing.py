@@ -318,6 +318,10 @@ def _quiet_unless_ok():
             os.dup2(saved_fd, 2)
             os.close(saved_fd)
             sys.unraisablehook = saved_hook if ok else _drop_abandoned_reads(saved_hook)
+            if not ok:
+                import logging
+
+                logging.getLogger("asyncio").addFilter(_abandoned_read_filter)
             if ok:
                 held.seek(0)
                 os.write(2, held.read())
@@ -336,6 +340,12 @@ def _drop_abandoned_reads(hook):
 
     filtered.drops_abandoned_reads = True
     return filtered
+
+
+def _abandoned_read_filter(record) -> bool:
+    """asyncio's "exception was never retrieved" reports of reads abandoned by a failed restore: dropped."""
+    text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
+    return "error while reading array" not in text
 
 
 def _check_integrity(step_dir: str) -> None:
