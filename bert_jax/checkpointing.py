@@ -14,9 +14,15 @@ on one mesh or device count restores onto another: each process reads only its s
 Unreadable checkpoints (`restore_newest_readable`, `restore_params`): a step whose Orbax metadata
 (`_CHECKPOINT_METADATA`, the items' directories, the array tree metadata) cannot be read, or whose arrays
 fail to read (a truncated or missing file: TensorStore's error), is reported in one line naming the
-step, moved aside to `<step>.unreadable` (never deleted) and the next older step is tried. A checkpoint
-whose arrays are readable but of other shapes than the target is a configuration error (ValueError),
-not a corrupt checkpoint, and is left where it is.
+step, moved aside to `<step>.unreadable` (never deleted) and the next older step is tried; with none
+readable, or only steps moved aside earlier, NoReadableCheckpoint (a run never silently starts over).
+A checkpoint whose arrays are readable but of other shapes than the target is a configuration error
+(CheckpointMismatch, a ValueError), not a corrupt checkpoint, and is left where it is.
+
+A save that runs out of disk space (`save`, `wait`, `close`: an asynchronous save's error surfaces
+when it is awaited) raises a one-line CheckpointSaveError naming the step and the directory; the
+failed save's temporary directory is removed, so no step of it is listed, and Orbax's own tracebacks
+of it are not printed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -41,14 +48,24 @@ class Checkpointer:
       directory: `<workdir>/checkpoints` (local path or gs:// URI).
       max_to_keep: keep the newest N checkpoints (None: all).
       async_save: write in a background thread (default True).
+      read_only: only read (fine-tuning from another run's checkpoints): nothing is created, and the
+        temporary directories of saves in progress are left alone. A writer removes those of
+        unfinished saves (a killed process, a full disk) when it starts (Orbax's
+        `cleanup_tmp_directories`).
     """
 
-    def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True):
+    def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True,
+                 read_only: bool = False):
         self.directory = directory
+        self._pending: int | None = None  # the step of the asynchronous save not yet awaited
+        self._failed: BaseException | None = None  # a save's failure, already raised once
+        _quiet_reported_save_failures()
         self.manager = ocp.CheckpointManager(
             directory if storage.is_remote(directory) else os.path.abspath(directory),
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
-                                                 create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                                 enable_async_checkpointing=async_save,
+                                                 create=not read_only, read_only=read_only,
+                                                 cleanup_tmp_directories=not read_only),
             item_names=("state", "data", "config"),
         )
 
@@ -72,28 +89,50 @@ class Checkpointer:
 
         Raises:
           ValueError: checkpoint `step` already exists (Orbax's `StepAlreadyExistsError`).
-          CheckpointSaveError: this or the previous (asynchronous) save ran out of disk space.
+          CheckpointSaveError: this or the previous (asynchronous) save ran out of disk space (names
+            that save's step and the directory; its partial write is removed).
           Exception: whatever else a previous asynchronous save failed with, re-raised when it is
             awaited; a failure of this save surfaces likewise in a later `save`, `wait` or `close`.
         """
-        with self._save_errors(f"saving checkpoint {step}"):
-            return self.manager.save(step, args=ocp.args.Composite(
+        self.wait()
+        with self._save_errors(step):
+            started = self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), config=ocp.args.JsonSave(config)),
                 force=force)
+        self._pending = step if started else None
+        return started
 
     @contextlib.contextmanager
-    def _save_errors(self, what: str):
-        """Turns a save that failed for lack of space (here or, asynchronously, an earlier one) into a
-        one-line CheckpointSaveError naming the directory; other errors pass unchanged."""
+    def _save_errors(self, step: int | None):
+        """Turns a save of `step` that failed for lack of space into a one-line CheckpointSaveError
+        naming the step and the directory, after removing what it had written (Orbax's temporary
+        directory: never a step that `latest_step` lists); other errors pass unchanged. Either way the
+        failure is remembered, so that `close` does not raise it a second time."""
         try:
             yield
         except Exception as e:
-            text = str(e)
-            if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in text or \
-                    "RESOURCE_EXHAUSTED" in text and "space" in text.lower():
-                raise CheckpointSaveError(f"{what} (or the one before it) to {self.directory} failed: no space left on "
-                                          "device; the earlier checkpoints are intact") from None
-            raise
+            self._failed = e
+            if not _no_space(e):
+                raise
+            removed = self._remove_unfinished()
+            what = f"checkpoint {step}" if step is not None else "a checkpoint"
+            self._failed = CheckpointSaveError(
+                f"saving {what} to {self.directory} failed: no space left on device (the earlier checkpoints are "
+                f"intact{'; its partial write was removed' if removed else ''})")
+            raise self._failed from None
+
+    def _remove_unfinished(self) -> bool:
+        """Removes the temporary directories of unfinished saves (Orbax's `tmp_checkpoints`) on
+        process 0 -> whether there were any."""
+        if jax.process_index() != 0:
+            return False
+        from etils import epath
+
+        names = ocp.step.tmp_checkpoints(self.manager.directory)
+        for name in names:
+            with contextlib.suppress(OSError):
+                epath.Path(self.manager.directory, name).rmtree()
+        return bool(names)
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """Restores checkpoint `step` onto the shardings of `abstract_state` -> (state, data).
@@ -141,19 +180,31 @@ class Checkpointer:
         return step, state, data
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
-        with self._save_errors("writing checkpoints"):
+        """Blocks until pending asynchronous saves are on disk.
+
+        Raises:
+          CheckpointSaveError: the pending save ran out of disk space (see `save`).
+          Exception: whatever else it failed with.
+        """
+        step, self._pending = self._pending, None
+        with self._save_errors(step):
             self.manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending asynchronous saves, then releases the manager; the object is unusable after.
 
         Raises:
-          Exception: whatever a pending asynchronous save failed with (re-raised by Orbax).
+          CheckpointSaveError, Exception: as `wait`, for a failure not already raised by `save` or `wait`.
         """
-        with self._save_errors("writing checkpoints"):
-            self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            if self._failed is None:
+                self.wait()
+        finally:
+            try:
+                self.manager.close()  # waits again: a failed save re-raises, already reported
+            except Exception:
+                if self._failed is None:
+                    raise
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
@@ -171,7 +222,8 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
       step: which checkpoint (default: the newest readable one; unreadable newer ones are moved aside).
 
     Raises:
-      FileNotFoundError: no checkpoint in `directory` (NoReadableCheckpoint: none readable).
+      FileNotFoundError: no checkpoint in `directory` (NoReadableCheckpoint: none readable, or `step`
+        given and unreadable: that one is left in place).
       CheckpointMismatch (a ValueError): arrays of other shapes than `abstract_params`.
     """
     manager = ocp.CheckpointManager(directory if storage.is_remote(directory) else os.path.abspath(directory),
@@ -188,7 +240,7 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
 
     try:
         if step is not None:
-            return restore(step)
+            return read_step(directory, step, restore)
         found = newest_readable(directory, list(manager.all_steps()), restore)
         if found is None:
             raise FileNotFoundError(f"{directory}: no checkpoint")
@@ -202,7 +254,7 @@ class CheckpointSaveError(OSError):
 
 
 class NoReadableCheckpoint(FileNotFoundError):
-    """Checkpoints exist, but none could be read (each was moved aside)."""
+    """Checkpoints exist, but none could be read (each was moved aside), or the one asked for cannot be read."""
 
 
 class CheckpointMismatch(ValueError):
@@ -253,37 +305,79 @@ def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).split(". See full TensorStore details")[0].strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:160] if text else ''}"
+    """`error` in a few words: the innermost cause (TensorStore's own message names the array and what is
+    wrong with its file), first line, without the TensorStore spec and the local path."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = re.sub(r' at local file "[^"]*"', "", str(error).split(". See full TensorStore details")[0]).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:240] if text else ''}"
+
+
+def _moved_aside(directory: str) -> list[int]:
+    """Steps of `directory` moved aside as unreadable (`<step>.unreadable[-N]`), sorted."""
+    return sorted({int(name.split(".")[0]) for name in storage.list_names(directory) if _UNREADABLE.fullmatch(name)})
+
+
+_UNREADABLE = re.compile(r"\d+\.unreadable(-\d+)?")
+
+
+def has_checkpoints(directory: str) -> bool:
+    """Whether `directory` holds checkpoint steps, readable or moved aside as unreadable."""
+    return any(name.isdigit() or _UNREADABLE.fullmatch(name) for name in storage.list_names(directory))
+
+
+def _try(directory: str, step: int, restore: Callable[[int], Any]) -> tuple[Any, str | None]:
+    """-> (restore(step), None), or (None, the reason in a few words) when the step cannot be read.
+
+    Raises:
+      CheckpointMismatch: from `restore` (a readable checkpoint that does not fit).
+    """
+    try:
+        _check_integrity(storage.join(directory, str(step)))
+        with _quiet_unless_ok():
+            return restore(step), None
+    except CheckpointMismatch:
+        raise
+    except Exception as e:  # TensorStore / Orbax / OS / JSON errors reading the files: unreadable
+        return None, _first_line(e)
+
+
+def read_step(directory: str, step: int, restore: Callable[[int], Any]) -> Any:
+    """`restore(step)` of the one checkpoint asked for: no fallback, nothing moved.
+
+    Raises:
+      NoReadableCheckpoint: the step cannot be read (one line with the reason).
+      CheckpointMismatch: from `restore`.
+    """
+    result, reason = _try(directory, step, restore)
+    if reason is not None:
+        raise NoReadableCheckpoint(f"checkpoint {step} in {directory} is unreadable ({reason})")
+    return result
 
 
 def newest_readable(directory: str, steps: list[int], restore: Callable[[int], Any]) -> tuple[int, Any] | None:
-    """The one fallback policy of every restore: tries `restore(step)` from the newest step down -> (step, result) of the first that reads; an
-    unreadable step is reported in one line and moved aside (process 0 renames it). None without steps.
+    """The one fallback policy of every restore: tries `restore(step)` from the newest step down -> (step,
+    result) of the first that reads; an unreadable step is reported in one line and moved aside
+    (process 0 renames it). None when there are no steps and none was ever moved aside.
 
     Raises:
-      NoReadableCheckpoint: no step could be read.
+      NoReadableCheckpoint: no step could be read, now or in an earlier run (the directory holds only
+        steps moved aside: a run does not silently start over from scratch).
       CheckpointMismatch: from `restore` for a readable checkpoint that does not fit (not moved).
     """
-    set_aside = []
     for step in sorted(steps, reverse=True):
+        result, reason = _try(directory, step, restore)
+        if reason is None:
+            return step, result
         step_dir = storage.join(directory, str(step))
-        try:
-            _check_integrity(step_dir)
-            with _quiet_unless_ok():
-                return step, restore(step)
-        except CheckpointMismatch:
-            raise
-        except Exception as e:  # TensorStore / Orbax / OS errors reading the files: an unreadable checkpoint
-            reason = _first_line(e)
         moved = _move_aside(step_dir)
-        set_aside.append(step)
         print(f"checkpoint {step} in {directory} is unreadable ({reason}); "
               + (f"moved to {moved}; " if moved else "could not move it aside; ") + "trying the previous one",
               file=sys.stderr, flush=True)
+    set_aside = _moved_aside(directory)
     if set_aside:
-        raise NoReadableCheckpoint(f"{directory}: no readable checkpoint (steps {sorted(set_aside)} are unreadable "
-                                   "and were moved aside as <step>.unreadable)")
+        raise NoReadableCheckpoint(f"{directory}: no readable checkpoint (steps {set_aside} are unreadable and "
+                                   "were moved aside as <step>.unreadable)")
     return None
 
 
@@ -320,8 +414,11 @@ def _quiet_unless_ok():
             sys.unraisablehook = saved_hook if ok else _drop_abandoned_reads(saved_hook)
             if not ok:
                 import logging
+                import warnings
 
                 logging.getLogger("asyncio").addFilter(_abandoned_read_filter)
+                # Reads never started are reported when collected (often at exit): dropped as well.
+                warnings.filterwarnings("ignore", r"coroutine '\w*_read_array\w*' was never awaited", RuntimeWarning)
             if ok:
                 held.seek(0)
                 os.write(2, held.read())
@@ -369,7 +466,7 @@ def _move_aside(step_dir: str) -> str | None:
     target = step_dir + ".unreadable"
     if jax.process_index() == 0:
         n = 1
-        while os.path.exists(target):
+        while storage.exists(target):
             target, n = f"{step_dir}.unreadable-{n}", n + 1
         try:
             if storage.is_remote(step_dir):
@@ -385,3 +482,54 @@ def _move_aside(step_dir: str) -> str | None:
 
         multihost_utils.sync_global_devices(f"move aside {step_dir}")
     return target
+
+
+def _no_space(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it was raised from) is a write that ran out of disk space:
+    errno ENOSPC from Python, TensorStore's RESOURCE_EXHAUSTED with the OS message."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text or \
+                "RESOURCE_EXHAUSTED" in text and "space" in text.lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+_quieted = False
+
+
+def _quiet_reported_save_failures() -> None:
+    """Keeps the reports of a save that ran out of space to the one line of `CheckpointSaveError`
+    (installed once per process, by the first Checkpointer):
+
+    - Orbax's background threads log the failure with its traceback at ERROR, once per thread
+      (absl logging): such records from Orbax are dropped, since the error is re-raised to
+      `Checkpointer` when the save is awaited;
+    - the failed save's other TensorStore writes complete after its event loop closed; their callbacks
+      (called from C++, reported as unraisable exceptions) raise "Event loop is closed": dropped.
+    """
+    global _quieted
+    if _quieted:
+        return
+    _quieted = True
+    import logging
+
+    def keep(record) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
+                    and (_no_space(error) or "No space left on device" in record.getMessage()))
+
+    logging.getLogger("absl").addFilter(keep)
+    hook = sys.unraisablehook
+
+    def unraisablehook(unraisable):
+        tb = unraisable.exc_traceback
+        if unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed" and \
+                tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe":  # from C++, loop closed
+            return
+        hook(unraisable)
+
+    sys.unraisablehook = unraisablehook

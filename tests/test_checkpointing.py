@@ -1,13 +1,13 @@
 """Unreadable and unwritable checkpoints: a corrupt newest checkpoint is moved aside and the run resumes
 bit-identically from the previous one; none readable is a one-line error; a full disk during an
-asynchronous save is a one-line error that leaves the earlier checkpoints restorable."""
+asynchronous save is a one-line error that leaves the earlier checkpoints restorable.
 
-import json
+One 6-step run (checkpoints 2, 4, 6) is the truth; each test damages a copy of its checkpoints."""
+
 import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import jax
 import numpy as np
@@ -29,161 +29,184 @@ def _config(instances, total_steps=6):
     return config
 
 
-def _params(workdir, config, step):
+def _abstract_state(config):
     mesh = train.make_mesh(config)
-    model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, mesh)
+    abstract, shardings = train.state_shardings(train.create_model(config), train.create_optimizer(config)[0], mesh)
+    return checkpointing.abstract_like(abstract, shardings)
+
+
+def _params(workdir, config, step):
     ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"), async_save=False)
-    state, _ = ckpt.restore(step, checkpointing.abstract_like(abstract, shardings))
+    state, _ = ckpt.restore(step, _abstract_state(config))
     ckpt.close()
     return traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
 
 
-def _truncate_largest_array_file(step_dir, every=False):
+def _assert_equal(actual, expected):
+    assert actual.keys() == expected.keys()
+    for k in actual:
+        np.testing.assert_array_equal(actual[k], expected[k], err_msg=k)
+
+
+def _array_files(step_dir):
+    """The array data files of a checkpoint's state (Orbax's OCDBT `d/` files), largest first."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "state") for f in fs if "/d/" in os.path.join(d, f)]
+    return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def _truncate(step_dir, every=False):
     """Halves the largest array data file of a checkpoint (every data file with `every`: a reader of
     only some arrays, such as fine-tuning's encoder restore, may not touch the largest)."""
-    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "state") for f in fs if "/d/" in os.path.join(d, f)]
-    for path in files if every else [max(files, key=os.path.getsize)]:
+    files = _array_files(step_dir)
+    for path in files if every else files[:1]:
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
 
 
+def _cli_config(instances, tmp_path):
+    """A config file for the CLI giving `_config(instances)`: the CLI's checkpoints are the fixture's."""
+    path = tmp_path / "config.py"
+    path.write_text(f"import pathlib\nimport test_checkpointing\n\n\ndef get_config():\n"
+                    f"    return test_checkpointing._config(pathlib.Path({str(instances)!r}))\n")
+    return path
+
+
+def _cli_env():
+    """The tests' own environment (the same XLA:CPU devices, so the same numbers) with the config importable."""
+    return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+
+
+def _error_lines(stderr):
+    """stderr without the progress bar (tqdm's carriage-return updates) and blank lines."""
+    return [line for line in stderr.replace("\r", "\n").splitlines() if line.strip() and "pre-training" not in line]
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(instances, tmp_path_factory):
+def run(instances, tmp_path_factory):
+    """The uninterrupted 6-step run: its workdir (checkpoints 2, 4, 6) and final params."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
     config = _config(instances)
     train.train_and_evaluate(config, str(workdir))
-    return _params(workdir, config, 6)
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
+    return workdir, _params(workdir, config, 6)
 
 
-def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(instances, uninterrupted, tmp_path,
-                                                                                capsys):
-    config = _config(instances)
-    train.train_and_evaluate(config, str(tmp_path), max_steps=4)  # checkpoints 2 and 4
-    _truncate_largest_array_file(tmp_path / "checkpoints" / "4")
+def _copy(run, dst, steps=(2, 4)):
+    """`dst`/checkpoints holding a copy of the run's checkpoints `steps` (as a run stopped at max(steps))."""
+    for step in steps:
+        shutil.copytree(run[0] / "checkpoints" / str(step), dst / "checkpoints" / str(step))
+    return dst / "checkpoints"
+
+
+def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(instances, run, tmp_path, capsys):
+    _truncate(_copy(run, tmp_path) / "4")
     capsys.readouterr()
+    config = _config(instances)
     train.train_and_evaluate(config, str(tmp_path))  # 4 is unreadable: from 2 to 6
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "unreadable" in line]
-    assert len(lines) == 1 and lines[0].startswith("checkpoint 4 in ") and "moved to" in lines[0], err
-    assert "train: resumed from the checkpoint at step 2" in err
+    assert len(lines) == 1 and lines[0].startswith(f"checkpoint 4 in {tmp_path / 'checkpoints'} is unreadable (") \
+        and lines[0].endswith(f"moved to {tmp_path / 'checkpoints' / '4.unreadable'}; trying the previous one"), err
+    assert "Traceback" not in err and "train: resumed from the checkpoint at step 2" in err
     assert (tmp_path / "checkpoints" / "4.unreadable" / "state").is_dir()  # kept, not deleted
-    resumed = _params(tmp_path, config, 6)
-    assert resumed.keys() == uninterrupted.keys()
-    for k in resumed:
-        np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4", "4.unreadable", "6"]
+    _assert_equal(_params(tmp_path, config, 6), run[1])
 
 
-@pytest.mark.parametrize("damage", ["missing_item", "metadata"])
-def test_incomplete_newest_checkpoint_falls_back(damage, instances, tmp_path, capsys):
-    config = _config(instances, total_steps=4)
-    train.train_and_evaluate(config, str(tmp_path))
-    step_dir = tmp_path / "checkpoints" / "4"
-    if damage == "missing_item":
+@pytest.mark.parametrize("damage", ["missing_array_file", "missing_item", "metadata"])
+def test_damaged_newest_checkpoint_falls_back(damage, instances, run, tmp_path, capsys):
+    step_dir = _copy(run, tmp_path) / "4"
+    if damage == "missing_array_file":
+        os.remove(_array_files(step_dir)[0])
+    elif damage == "missing_item":
         shutil.rmtree(step_dir / "data")
     else:
         (step_dir / "_CHECKPOINT_METADATA").write_text("{not json")
-    mesh = train.make_mesh(config)
-    model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, mesh)
     ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
-    step, _, data = ckpt.restore_newest_readable(checkpointing.abstract_like(abstract, shardings))
-    assert step == 2 and data["phase"] == 0 and ckpt.all_steps() == [2]
+    step, state, data = ckpt.restore_newest_readable(_abstract_state(_config(instances)))
+    assert step == 2 and int(state.step) == 2 and data["phase"] == 0
+    assert ckpt.all_steps() == [2] and ckpt.latest_step() == 2  # Orbax no longer lists the step moved aside
     ckpt.close()
-    assert "checkpoint 4 in" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "unreadable" in line][0].startswith(
+        f"checkpoint 4 in {tmp_path / 'checkpoints'} is unreadable (")
 
 
-def test_no_readable_checkpoint_is_one_line_from_the_cli(instances, tmp_path):
-    config = _config(instances, total_steps=4)
-    train.train_and_evaluate(config, str(tmp_path))
+def test_no_readable_checkpoint_is_one_line_from_the_cli_and_stays_so(instances, run, tmp_path):
+    checkpoints = _copy(run, tmp_path)
     for step in (2, 4):
-        _truncate_largest_array_file(tmp_path / "checkpoints" / str(step))
-    cmd = [sys.executable, "-m", "bert_jax.train", "--config", str(ROOT / "configs" / "pretrain.py:tiny"),
-           f"--workdir={tmp_path}", f"--config.phases[0].data_dir={instances / 'p1'}", "--config.phases[1].data_dir="
-           f"{instances / 'p2'}", "--config.mesh.num_devices=1"]
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        _truncate(checkpoints / str(step))
+    cmd = [sys.executable, "-m", "bert_jax.train", "--config", str(_cli_config(instances, tmp_path)),
+           f"--workdir={tmp_path}"]
+    result = subprocess.run(cmd, cwd=ROOT, env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("train: ")]
-    assert errors == [f"train: {tmp_path / 'checkpoints'}: no readable checkpoint (steps [2, 4] are unreadable and "
-                      "were moved aside as <step>.unreadable)"], result.stderr
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2.unreadable", "4.unreadable"]
+    lines = _error_lines(result.stderr)
+    assert [line.split(" is unreadable")[0] for line in lines[:2]] == [
+        f"checkpoint 4 in {checkpoints}", f"checkpoint 2 in {checkpoints}"], result.stderr
+    assert lines[2:] == [f"train: {checkpoints}: no readable checkpoint (steps [2, 4] are unreadable and were moved "
+                         "aside as <step>.unreadable)"], result.stderr
+    assert sorted(os.listdir(checkpoints)) == ["2.unreadable", "4.unreadable"]
+    # A second attempt does not start over from scratch in a directory of unreadable checkpoints.
+    ckpt = checkpointing.Checkpointer(str(checkpoints), async_save=False)
+    with pytest.raises(checkpointing.NoReadableCheckpoint, match=r"steps \[2, 4\] are unreadable"):
+        ckpt.restore_newest_readable(_abstract_state(_config(instances)))
+    ckpt.close()
 
 
-def test_shape_mismatch_is_a_config_error_not_corruption(instances, tmp_path):
-    config = _config(instances, total_steps=2)
-    train.train_and_evaluate(config, str(tmp_path))
+def test_shape_mismatch_is_a_config_error_not_corruption(instances, run, tmp_path):
+    _copy(run, tmp_path, steps=(2,))
+    config = _config(instances)
     config.model.hidden_size, config.model.intermediate_size = 64, 256
     with pytest.raises(checkpointing.CheckpointMismatch, match="has shape"):
         train.train_and_evaluate(config, str(tmp_path))
-    assert (tmp_path / "checkpoints" / "2").is_dir()  # left in place
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # left in place
 
 
-def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, tmp_path, capsys):
-    config = _config(instances, total_steps=4)
-    train.train_and_evaluate(config, str(tmp_path))
-    expected = _params(tmp_path, config, 2)
-    _truncate_largest_array_file(tmp_path / "checkpoints" / "4", every=True)
-    capsys.readouterr()
+def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys):
+    checkpoints = _copy(run, tmp_path)
+    _truncate(checkpoints / "4", every=True)
+    expected = _params(run[0], _config(instances), 2)  # the uninterrupted run's own checkpoint 2
     ft = glue_config.get_config("sst2")
     ft.init_checkpoint = str(tmp_path)
     init = finetune.resolve_init(ft)
     model = modeling.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(ft, 10)
-    state, _ = finetune.create_state(model, tx, sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, seed=0)
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    # The one checkpoint asked for is unreadable: a one-line error, nothing moved.
+    with pytest.raises(checkpointing.NoReadableCheckpoint, match=r"^checkpoint 4 in .* is unreadable \(") as e:
+        finetune.create_state(model, tx, mesh, finetune.Initialisation("orbax", str(checkpoints), init.config,
+                                                                         step=4), seed=0)
+    assert "\n" not in str(e.value) and (checkpoints / "4").is_dir()
+    capsys.readouterr()
+    state, _ = finetune.create_state(model, tx, mesh, init, seed=0)  # the newest readable: 2
     encoder = traverse_util.flatten_dict(jax.device_get(state.params["bert"]), sep="/")
-    for k, v in encoder.items():
-        np.testing.assert_array_equal(v, expected[f"bert/{k}"], err_msg=k)
-    assert "checkpoint 4 in" in capsys.readouterr().err
-    assert (tmp_path / "checkpoints" / "4.unreadable").is_dir()
+    _assert_equal({f"bert/{k}": v for k, v in encoder.items()}, {k: v for k, v in expected.items()
+                                                                  if k.startswith("bert/")})
+    lines = [line for line in capsys.readouterr().err.splitlines() if "unreadable" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"checkpoint 4 in {checkpoints} is unreadable ("), lines
+    assert (checkpoints / "4.unreadable").is_dir()
 
 
-_DISK_FULL = textwrap.dedent("""
-    import json, os, sys
-    from bert_jax import checkpointing, train
-    from configs import pretrain
-    workdir, data = sys.argv[1], sys.argv[2]
-    config = pretrain.get_config("tiny")
-    config.phases = [pretrain.phase(64, 10, 1.0, data, 8)]
-    config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 6, 2, 2, 2
-    config.mesh.num_devices = 1
-    error = None
-    try:
-        train.train_and_evaluate(config, workdir)
-    except checkpointing.CheckpointSaveError as e:
-        error = str(e)
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    steps = ckpt.all_steps()
-    mesh = train.make_mesh(config)
-    model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, mesh)
-    state, data_state = ckpt.restore(steps[-1], checkpointing.abstract_like(abstract, shardings))
-    print(json.dumps({"error": error, "steps": steps, "restored_step": int(state.step),
-                      "listing": sorted(os.listdir(os.path.join(workdir, "checkpoints")))}))
-""")
-
-
-def test_disk_full_during_an_asynchronous_save(instances, tmp_path):
-    """A 70 MB tmpfs holds one tiny checkpoint (about 52 MB: parameters and both Adam moments over the
-    30522-token vocabulary) and not two: the second, asynchronous save runs out of space. The tmpfs is
-    mounted in a private user and mount namespace (`unshare`), so no privilege is needed."""
-    script = tmp_path / "disk_full.py"
-    script.write_text(_DISK_FULL)
-    mount = tmp_path / "small"
+def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
+    """A real full disk: a 70 MB tmpfs holds one tiny checkpoint (about 47 MB: parameters and both Adam
+    moments over the 30522-token vocabulary) and not two, so the asynchronous save of step 4 runs out of
+    space while training goes on; the error surfaces when the save of step 6 waits for it. The tmpfs is
+    mounted in a private user and mount namespace (`unshare`: no privilege needed where unprivileged
+    user namespaces are allowed); what the run left is copied out before the namespace ends."""
+    mount, kept = tmp_path / "small", tmp_path / "kept"
     mount.mkdir()
+    kept.mkdir()
+    checkpoints = mount / "run" / "checkpoints"
     inner = (f"mount -t tmpfs -o size=70m tmpfs {mount} && cd {ROOT} && "
-             f"{sys.executable} {script} {mount / 'run'} {instances / 'p1'}")
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner], env=env,
+             f"{sys.executable} -m bert_jax.train --config {_cli_config(instances, tmp_path)} --workdir {mount / 'run'}"
+             f"; status=$?; cp -r {checkpoints} {kept}; exit $status")
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner], env=_cli_env(),
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["error"] == (f"writing checkpoints (or the one before it) to {mount / 'run' / 'checkpoints'} failed: "
-                            "no space left on device; the earlier checkpoints are intact") or \
-        (out["error"] or "").endswith("failed: no space left on device; the earlier checkpoints are intact"), out
-    assert str(mount / "run" / "checkpoints") in out["error"]
-    assert out["steps"] == [2] and out["restored_step"] == 2, out  # the half-written save is not a step
-    assert not [n for n in out["listing"] if n.isdigit() and n != "2"], out
+    assert (kept / "checkpoints").is_dir(), ("no checkpoints came back: is mounting a tmpfs in an unprivileged user "
+                                             f"namespace (unshare) allowed here? {result.stderr[-3000:]}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert _error_lines(result.stderr) == [
+        f"train: saving checkpoint 4 to {checkpoints} failed: no space left on device (the earlier checkpoints are "
+        "intact; its partial write was removed)"], result.stderr[-3000:]
+    assert sorted(os.listdir(kept / "checkpoints")) == ["2"]  # no step or temporary directory of the failed save
+    _assert_equal(_params(kept, _config(instances), 2), _params(run[0], _config(instances), 2))

@@ -55,7 +55,7 @@ class Initialisation:
 def _checkpoint_dir(path: str) -> str | None:
     """The Orbax checkpoints directory of a pre-training workdir (or the directory itself), or None."""
     for candidate in (storage.join(path, "checkpoints"), path):
-        if any(name.isdigit() for name in storage.list_names(candidate)):
+        if checkpointing.has_checkpoints(candidate):
             return candidate
     return None
 
@@ -65,7 +65,8 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
 
     Raises:
       FileNotFoundError: init_checkpoint is neither a Hugging Face directory nor a directory with
-        bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none readable).
+        bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none readable, or the
+        one step it names is unreadable).
       ValueError: a bad model config (from `BertConfig`) or a bad Hugging Face directory (`from_hf`).
     """
     path = config.init_checkpoint
@@ -83,12 +84,17 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     if ckpt_dir is None:
         raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
                                 "nor a bert_jax run with checkpoints")
-    checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False)
-    if step is None:  # the newest readable checkpoint; unreadable newer ones are moved aside
-        saved = checkpointing.newest_readable(ckpt_dir, checkpointer.all_steps(), checkpointer.restore_config)[1]
-    else:
-        saved = checkpointer.restore_config(step)
-    checkpointer.close()
+    checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False, read_only=True)
+    try:
+        if step is None:  # the newest readable checkpoint; unreadable newer ones are moved aside
+            found = checkpointing.newest_readable(ckpt_dir, checkpointer.all_steps(), checkpointer.restore_config)
+            if found is None:
+                raise FileNotFoundError(f"config.init_checkpoint={path!r}: {ckpt_dir} holds no finished checkpoint")
+            saved = found[1]
+        else:  # the one asked for, or a one-line error
+            saved = checkpointing.read_step(ckpt_dir, step, checkpointer.restore_config)
+    finally:
+        checkpointer.close()
     return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute), step=step)
 
 
