@@ -17,7 +17,8 @@ Stages (bert_jax.experiment):
   6. `--peer`: transformers' BertForPreTraining pre-trained on the same instances with the same recipe
      (benchmarks/peer_pretraining.py), fine-tuned through the same bert_jax jobs (from its Hugging
      Face export), beside bert_jax's.
-Writes results.json, curve.png and table.md under the workdir; prints the table. Re-running with the same
+Writes results.json under the workdir (every fine-tuning run's metrics are cached beside it in
+finetune/); prints the curve and the table. Re-running with the same
 workdir reuses finished stages (the pre-training run resumes from its checkpoints).
 """
 
@@ -39,14 +40,13 @@ DEFAULT_SOURCES = "gutenberg,wikitext,squad,sst2,mrpc"
 
 
 def _cached(path, compute):
-    """JSON result at `path`, computed (and written atomically) when missing."""
+    """JSON result at `path`, computed (and written atomically, `storage.write_json`) when missing."""
+    from bert_jax import storage
+
     if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return storage.read_json(path)
     value = compute()
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-    os.replace(path + ".tmp", path)
+    storage.write_json(path, value)
     return value
 
 
@@ -86,7 +86,7 @@ def main():
     parser.add_argument("--peer", action="store_true", help="also pre-train and fine-tune the transformers peer")
     args = parser.parse_args()
 
-    from bert_jax import experiment, summaries, train
+    from bert_jax import experiment, storage, summaries, train
     from bert_jax.data.tokenization import Tokenizer
     from bert_jax.data.vocab import train_vocab
     from configs import pretrain
@@ -104,7 +104,7 @@ def main():
     config.model.vocab_size = Tokenizer(vocab_file).vocab_size
     if args.total_steps:
         config.total_steps = args.total_steps
-    for i, p in enumerate(config.phases):
+    for p in config.phases:
         p.data_dir = os.path.join(workdir, f"instances-{p.max_seq_length}")
     config.mesh.data = 1
     curve_steps = sorted({round(config.total_steps * (k + 1) / args.curve_points) for k in range(args.curve_points)})
@@ -164,7 +164,7 @@ def main():
 
         peer_budget = _cached(os.path.join(workdir, "peer.json"), lambda: peer_pretraining.pretrain_peer(
             config, peer_dir, vocab_file, export_steps=curve_steps))
-        peer_records = {r["step"]: r for r in map(json.loads, open(os.path.join(peer_dir, "metrics.jsonl")))}
+        peer_records = {r["step"]: r for r in summaries.read_metrics(peer_dir)}
         for point in curve:
             near = peer_records[min(peer_records, key=lambda s: abs(s - point["step"]))]
             point.update(peer_score=score(args.curve_probe, os.path.join(peer_dir, f"hf-{point['step']}"), 0,
@@ -186,8 +186,7 @@ def main():
             table[f"{probe} (peer)"] = dict(experiment.summarize(peer, rnd), pretrained=peer, random=rnd,
                                             learning_rates={"pretrained": lr_peer, "random": lr_rnd})
     results["table"] = table
-    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
+    storage.write_json(os.path.join(workdir, "results.json"), results)
     print_table(results)
 
 
