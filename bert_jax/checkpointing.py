@@ -334,7 +334,7 @@ def _try(directory: str, step: int, restore: Callable[[int], Any]) -> tuple[Any,
     """
     try:
         _check_integrity(storage.join(directory, str(step)))
-        with _quiet_unless_ok():
+        with _quiet_unless_ok(storage.join(directory, str(step))):
             return restore(step), None
     except CheckpointMismatch:
         raise
@@ -382,11 +382,12 @@ def newest_readable(directory: str, steps: list[int], restore: Callable[[int], A
 
 
 @contextlib.contextmanager
-def _quiet_unless_ok():
+def _quiet_unless_ok(step_dir: str):
     """Holds back what is written to stderr (file descriptor 2: Orbax's and TensorStore's own reports,
     from Python and C++ threads alike) while a restore is tried: replayed when it succeeds, dropped
     when it fails (the caller then reports the failure in one line). Orbax's reads that were still in
-    flight when the first one failed are collected here too, so their tracebacks do not surface later."""
+    flight when the first one failed are collected here too, and asyncio's later reports of them (they
+    name files under `step_dir`) are dropped, so their tracebacks do not surface later."""
     import gc
     import tempfile
     import time
@@ -416,7 +417,9 @@ def _quiet_unless_ok():
                 import logging
                 import warnings
 
-                logging.getLogger("asyncio").addFilter(_abandoned_read_filter)
+                _abandoned_reads.step_dirs.add(step_dir.rstrip("/") + "/")
+                if _abandoned_reads not in logging.getLogger("asyncio").filters:
+                    logging.getLogger("asyncio").addFilter(_abandoned_reads)
                 # Reads never started are reported when collected (often at exit): dropped as well.
                 warnings.filterwarnings("ignore", r"coroutine '\w*_read_array\w*' was never awaited", RuntimeWarning)
             if ok:
@@ -439,10 +442,22 @@ def _drop_abandoned_reads(hook):
     return filtered
 
 
-def _abandoned_read_filter(record) -> bool:
-    """asyncio's "exception was never retrieved" reports of reads abandoned by a failed restore: dropped."""
-    text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
-    return "error while reading array" not in text
+class _AbandonedReads:
+    """A logging filter for asyncio's "exception was never retrieved" reports of reads abandoned by a
+    failed restore (the failure was already reported in one line): a report is dropped when its text
+    names a step directory whose restore failed (TensorStore's errors name the file they read) or is
+    Orbax's own "error while reading array"."""
+
+    def __init__(self):
+        self.step_dirs: set[str] = set()
+
+    def filter(self, record) -> bool:
+        text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
+        return not ("error while reading array" in text
+                    or "never retrieved" in text and any(d in text for d in self.step_dirs))
+
+
+_abandoned_reads = _AbandonedReads()
 
 
 def _check_integrity(step_dir: str) -> None:

@@ -210,3 +210,46 @@ def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
         "intact; its partial write was removed)"], result.stderr[-3000:]
     assert sorted(os.listdir(kept / "checkpoints")) == ["2"]  # no step or temporary directory of the failed save
     _assert_equal(_params(kept, _config(instances), 2), _params(run[0], _config(instances), 2))
+
+
+def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_path):
+    """asyncio reports a read abandoned by a failed restore when its future is collected, possibly long
+    after the restore (CI saw it at exit): after the failure, such reports naming the step are dropped;
+    one naming another step, or any other error, is still printed."""
+    import asyncio
+    import gc
+    import logging
+
+    step_dir = tmp_path / "checkpoints" / "2"  # Orbax's completeness markers, so that the restore is tried
+    for name, text in (("_CHECKPOINT_METADATA", "{}"), ("state/_METADATA", "{}"), ("data/metadata", "{}")):
+        (step_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (step_dir / name).write_text(text)
+    step_dir = str(step_dir)
+
+    def failing_restore(_):
+        raise ValueError("OUT_OF_RANGE: Error reading")
+
+    result, reason = checkpointing._try(str(tmp_path / "checkpoints"), 2, failing_restore)
+    assert result is None and reason == "ValueError: OUT_OF_RANGE: Error reading"
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        def abandon(path):
+            loop = asyncio.new_event_loop()
+            future = loop.create_future()
+            future.set_exception(ValueError(f'OUT_OF_RANGE: Error reading "x/0" in OCDBT database at local '
+                                            f'file "{path}/state/": Requested byte range [1, 2) is not valid'))
+            del future
+            gc.collect()
+            loop.close()
+
+        abandon(step_dir)
+        assert seen == []
+        abandon(str(tmp_path / "checkpoints" / "20"))
+        abandon(str(tmp_path / "elsewhere"))
+        assert len(seen) == 2 and all("never retrieved" in m for m in seen)
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
