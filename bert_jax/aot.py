@@ -28,7 +28,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import checkpointing, flops, sharding, train  # noqa: E402
+from bert_jax import checkpointing, flops, kernels, sharding, train  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +89,8 @@ def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, in
         size not divisible by data * fsdp (jax's `IndivisibleError`, when lowering).
     """
     mesh = sharding.make_mesh(*mesh_shape, devices=devices)
+    config = config.copy_and_resolve_references()
+    config.model.kernels = kernels.resolve(config.model.kernels, devices[0].platform)  # the target's, not the host's
     model = train.create_model(config)
     tx, schedule = train.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)

@@ -119,7 +119,8 @@ def _ratio(pair: tuple[Array, Array]) -> Array:
 
 
 def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, Array],
-                     denominators: tuple[Array, Array] | None = None) -> tuple[Array, dict[str, Array]]:
+                     denominators: tuple[Array, Array] | None = None,
+                     kernels: str = "reference") -> tuple[Array, dict[str, Array]]:
     """Total pre-training loss = mean masked-LM loss + mean next-sentence loss (paper, appendix A.2).
 
     Args:

@@ -36,6 +36,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bert_jax import kernels
+
 Array = jax.Array
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -143,6 +145,7 @@ class BertConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
+    kernels: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -155,6 +158,7 @@ class BertConfig:
                 f"num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)}")
+        kernels.resolve(self.kernels, "cpu")  # raises on an unknown name
         if self.remat_policy not in _REMAT_POLICIES:
             raise ValueError(
                 f"BertConfig.remat_policy={self.remat_policy!r} is not one of {sorted(_REMAT_POLICIES)}")

@@ -233,7 +233,7 @@ def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:
 def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool, denominators=None):
     out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                       batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
-    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators)
+    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators, kernels=model.config.kernels)
 
 
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,

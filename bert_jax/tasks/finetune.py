@@ -36,7 +36,7 @@ from bert_jax import checkpointing, convert, modeling, optim, sharding, storage,
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.train import TrainState, global_batch
 
-COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy")
+COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy", "kernels")
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
 

@@ -1,0 +1,44 @@
+"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu").
+
+`bert_jax.modeling` and `bert_jax.losses` write the paper's model in plain JAX/Flax; the few places
+where the compiler of one backend needs help get their operation from `get(name)`:
+
+  operation            reference (every backend)                 xla_cpu (`bert_jax.kernels.xla_cpu`)
+  gelu                 jax.nn.gelu(approximate=False), float32   hand-written gradient
+  feed-forward dense   flax Dense's lax.dot_general              kernel gradient from x^T, held apart
+  tied MLM logits      einsum + bias                             hand-written gradient
+  dropout              flax.linen.Dropout (JAX PRNG)             counter-hash mask
+  LayerNorm            flax.linen.LayerNorm (two-pass variance)  same formula, plain jnp
+  nll                  optax integer-label cross-entropy         hand-written gradient
+  is_argmax            argmax == label                           one `any` reduction
+
+"auto" is "xla_cpu" when compiling for the CPU and "reference" for any other platform (TPU, GPU).
+Each xla_cpu kernel is tested against its reference form (value and gradient, float32 and bfloat16,
+tests/test_kernels.py) and stays only while it wins on XLA:CPU (benchmarks/train_step.py --ablate).
+"""
+
+from __future__ import annotations
+
+KERNELS = ("auto", "reference", "xla_cpu")
+
+
+def resolve(name: str, platform: str | None = None) -> str:
+    """The kernel set `name` stands for on `platform` -> "reference" or "xla_cpu".
+
+    Args:
+      name: one of `KERNELS`.
+      platform: the platform compiled for ("cpu", "tpu", "gpu"); default `jax.default_backend()`.
+        Ahead-of-time compilation for a TPU from a CPU host must name "tpu".
+
+    Raises:
+      ValueError: a name not in `KERNELS`.
+    """
+    if name not in KERNELS:
+        raise ValueError(f"model.kernels={name!r} is not one of {list(KERNELS)}")
+    if name != "auto":
+        return name
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+    return "xla_cpu" if platform == "cpu" else "reference"
