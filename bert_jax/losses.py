@@ -16,78 +16,41 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
+from bert_jax import kernels as kernel_sets
+
 Array = jax.Array
 
 
-@jax.custom_vjp
-def _nll(logits: Array, labels: Array) -> Array:
-    """float32 logits [..., K], int32 labels [...] -> float32 [...] = logsumexp(logits) - logits[label]."""
-    return _nll_fwd(logits, labels)[0]
+def _cross_entropy(logits: Array, labels: Array, kernels: str = "reference") -> Array:
+    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood,
+    computed in float32 by the `bert_jax.kernels` set `kernels`."""
+    return kernel_sets.get(kernels).nll(logits.astype(jnp.float32), labels.astype(jnp.int32))
 
 
-def _nll_fwd(logits, labels):
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return lse - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0], (logits, labels, lse)
-
-
-def _nll_bwd(residuals, g):
-    # d nll / d logits = softmax(logits) - one_hot(label), written as one elementwise pass over [..., K].
-    # Autodiff of log_softmax + take_along_axis instead materialises a zero [..., K] buffer, scatters
-    # into it and reduces it again: 25-30% of the masked-LM head's backward time on CPU.
-    logits, labels, lse = residuals
-    one_hot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None]
-    dlogits = (jnp.exp(logits - lse[..., None]) - one_hot.astype(logits.dtype)) * g[..., None]
-    return dlogits, None
-
-
-_nll.defvjp(_nll_fwd, _nll_bwd)
-
-
-def _cross_entropy(logits: Array, labels: Array) -> Array:
-    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood.
-
-    Computed in float32 (log-sum-exp minus the label's logit), with a hand-written gradient
-    (softmax - one_hot); tests check it against autodiff of `jax.nn.log_softmax`.
-    """
-    return _nll(logits.astype(jnp.float32), labels.astype(jnp.int32))
-
-
-def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
+def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array,
+                   kernels: str = "reference") -> tuple[Array, Array]:
     """Weighted masked-LM cross-entropy.
 
     Args:
       logits: [B, P, V] logits at the masked positions (float32 or bfloat16).
       masked_lm_ids: int32 [B, P] original token ids at those positions (padding entries: any id).
       masked_lm_weights: float32 [B, P], 1.0 for a real prediction, 0.0 for padding.
+      kernels: the `bert_jax.kernels` set computing the log-likelihood (a name of `kernels.KERNELS`).
 
     Returns:
       (sum over positions of weight * nll, sum of weights), both float32 scalars. The original's loss is
       their ratio (it adds 1e-5 to the denominator; `pretraining_loss` guards the empty case instead).
     """
     weights = masked_lm_weights.astype(jnp.float32)
-    return jnp.sum(_cross_entropy(logits, masked_lm_ids) * weights), jnp.sum(weights)
+    return jnp.sum(_cross_entropy(logits, masked_lm_ids, kernels) * weights), jnp.sum(weights)
 
 
-def is_argmax(logits: Array, labels: Array) -> Array:
-    """bool [...]: whether labels == argmax(logits, axis=-1), ties going to the first index as argmax.
-
-    logits [..., K] (any float dtype), labels int [...] in [0, K). The label is the argmax when no logit
-    is greater than the label's and no earlier one equals it: one `any` over [..., K] instead of
-    argmax's (value, index) reduction, which XLA CPU runs about 3x slower (45 against 16 ms on the
-    [640, 30522] masked-LM logits of the `mini` benchmark). Tests check it against jnp.argmax,
-    ties included.
-    """
-    labels = labels.astype(jnp.int32)[..., None]
-    picked = jnp.take_along_axis(logits, labels, axis=-1)
-    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    beaten = (logits > picked) | ((logits == picked) & (index < labels))
-    return ~jnp.any(beaten, axis=-1)
-
-
-def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
-    """(weighted count of argmax == masked_lm_ids, sum of weights), float32 scalars; shapes as above."""
+def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array,
+                       kernels: str = "reference") -> tuple[Array, Array]:
+    """(weighted count of argmax == masked_lm_ids (ties: the first index), sum of weights), float32
+    scalars; shapes and `kernels` as `masked_lm_loss`."""
     weights = masked_lm_weights.astype(jnp.float32)
-    correct = is_argmax(logits, masked_lm_ids).astype(jnp.float32)
+    correct = kernel_sets.get(kernels).is_argmax(logits, masked_lm_ids).astype(jnp.float32)
     return jnp.sum(correct * weights), jnp.sum(weights)
 
 
@@ -131,14 +94,15 @@ def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, A
         that this one is a micro-batch of; default this batch's own. With them, the losses and
         accuracies of the micro-batches add up to those of the whole batch (gradient accumulation that
         equals one big batch even when micro-batches hold different numbers of predictions).
+      kernels: the `bert_jax.kernels` set of the masked-LM loss and accuracy (the model's).
 
     Returns:
       (loss float32 scalar, metrics) where metrics holds float32 scalars `mlm_loss`, `mlm_accuracy`,
       `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of this batch's masked_lm_weights).
     """
-    mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
     nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
-    mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
     nsp_correct = next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"])
     mlm_count, nsp_count = denominators if denominators is not None else (mlm[1], nsp[1])
     mlm_loss, nsp_loss = _ratio((mlm[0], mlm_count)), _ratio((nsp[0], nsp_count))

@@ -12,21 +12,22 @@ Dimension key used in shapes and einsum strings:
 
 Sharding: every parameter is created with logical axis names (`nn.with_logical_partitioning`) and
 activations are constrained at block boundaries (`nn.with_logical_constraint`). Both are no-ops unless
-`bert_jax.sharding` supplies a mesh and a rules table; the model never names a mesh axis.
-
-Logical axis names: parameters use `vocab`, `embed`, `embed_out` (output side of a D x D kernel),
-`heads`, `kv`, `mlp`, `position`, `token_type`,
-`classes` and (scanned layers) `layers`; activations use `batch`, `length`, `embed`, `heads`, `kv`,
-`mlp`, `predictions`.
+`bert_jax.sharding` supplies a mesh and a rules table; the model never names a mesh axis. Parameters
+use `vocab`, `embed`, `embed_out` (output side of a D x D kernel), `heads`, `kv`, `mlp`, `position`,
+`token_type`, `classes` and (scanned layers) `layers`; activations `batch`, `length`, `embed`, `heads`,
+`kv`, `mlp`, `predictions`.
 
 Precision: parameters are stored in `param_dtype` (float32 by default) and cast to `dtype` for
 matmuls; attention softmax, LayerNorm statistics and the MLM logits are always float32.
+
+Kernels: GELU, the feed-forward block's first dense layer, the tied MLM logits, dropout and LayerNorm
+come from `bert_jax.kernels.get(config.kernels)`: flax / jax forms by default, XLA:CPU forms on CPU.
+`deterministic` (True: no dropout) is a call argument at every level.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from typing import Any, Callable, Mapping
@@ -40,45 +41,8 @@ from bert_jax import kernels
 
 Array = jax.Array
 
-_SQRT_HALF = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-@jax.custom_vjp
-def gelu(x: Array) -> Array:
-    """Exact (erf) GELU, x * Phi(x), as the original and Hugging Face's "gelu"; any shape, dtype kept.
-
-    Computed in float32 for any input dtype. The gradient is written out, g * (Phi(x) + x * phi(x)),
-    one elementwise pass over the saved input. With autodiff of `jax.nn.gelu(approximate=False)`
-    instead, XLA CPU ran the BERT-Base feed-forward block's forward and backward about 6% slower
-    (141 against 132 ms). Tests check the value and the gradient against jax.nn.gelu with autodiff
-    and against torch.nn.functional.gelu.
-    """
-    x32 = x.astype(jnp.float32)
-    return (x32 * _normal_cdf(x32)).astype(x.dtype)
-
-
-def _normal_cdf(x: Array) -> Array:
-    """Phi(x) = (1 + erf(x / sqrt(2))) / 2, the form of torch.nn.functional.gelu."""
-    return 0.5 + 0.5 * jax.lax.erf(x * _SQRT_HALF)
-
-
-def _gelu_fwd(x):
-    return gelu(x), x
-
-
-def _gelu_bwd(x, g):
-    # The barrier keeps XLA from sharing erf(x / sqrt 2) with the forward pass: shared, it was written
-    # to memory in the forward and read back here, two extra passes over the [B*L, I] activations.
-    x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)
-    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
-    return ((g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
-
-
-gelu.defvjp(_gelu_fwd, _gelu_bwd)
-
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": gelu,  # exact erf GELU, as the original
+_ACTIVATIONS: dict[str, Callable[[Array], Array] | None] = {
+    "gelu": None,  # exact erf GELU, as the original: the kernel set's
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
@@ -122,10 +86,12 @@ class BertConfig:
         num_hidden_layers); compiles 24 layers as fast as one.
       remat_policy: activation rematerialisation of each layer: "none", "full", "dots" or
         "dots_no_batch" (a `jax.checkpoint_policies` policy).
+      kernels: "auto", "reference" or "xla_cpu", the `bert_jax.kernels` set (auto: xla_cpu when the
+        default backend is the CPU; programs compiled ahead of time resolve it for their target).
 
     Raises:
       ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
-        hidden_act or remat_policy, a dtype or param_dtype that is not a floating-point dtype name,
+        hidden_act, remat_policy or kernels, a dtype or param_dtype that is not a floating-point dtype name,
         or a non-positive size.
     """
 
@@ -268,6 +234,14 @@ class ClassificationOutput:
     logits: Array
 
 
+def _kernels(config: BertConfig) -> kernels.Kernels:
+    return kernels.get(config.kernels)
+
+
+def _activation(config: BertConfig) -> Callable[[Array], Array]:
+    return _ACTIVATIONS[config.hidden_act] or _kernels(config).gelu
+
+
 def _init(config: BertConfig) -> Callable:
     # The original's tf.truncated_normal_initializer(stddev=initializer_range): cut at 2 stddev,
     # no variance correction (jax.nn.initializers.truncated_normal does the same).
@@ -280,96 +254,22 @@ def _param(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...],
                         jnp.dtype(module.config.param_dtype))
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm over the last axis (`embed`), with parameters `scale` [D] and `bias` [D].
-
-    y = (x - mean) / sqrt(var + layer_norm_eps) * scale + bias, statistics in float32 with the exact
-    two-pass variance (as torch.nn.LayerNorm and the original's tf.contrib LayerNorm); x [..., D] in any
-    dtype -> y [..., D] in config.dtype. Why not `flax.linen.LayerNorm` (same formula, same parameter
-    names): on XLA CPU its gradient materialised the scale broadcast to [B, L, D] in every layer, and the
-    train step ran 4.7% (mini) and 2.8% (BERT-Base) slower with it (in-process A/B, medians of
-    alternating windows).
-    """
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        """x [..., D] in any dtype -> [..., D] in config.dtype, normalised over the last axis.
-
-        Creates `scale` (ones) and `bias` (zeros), [D] in config.param_dtype, on init.
-
-        Raises:
-          flax.errors.ScopeParamShapeError: x's last axis differs from the existing parameters' D.
-        """
-        features = x.shape[-1]
-        scale = _param(self, "scale", nn.initializers.ones, (features,), ("embed",))
-        bias = _param(self, "bias", nn.initializers.zeros, (features,), ("embed",))
-        x32 = x.astype(jnp.float32)
-        centred = x32 - x32.mean(axis=-1, keepdims=True)
-        variance = (centred * centred).mean(axis=-1, keepdims=True)
-        y = centred * jax.lax.rsqrt(variance + self.config.layer_norm_eps)
-        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(jnp.dtype(self.config.dtype))
+def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str | None = None,
+           dot_general=None) -> nn.Dense:
+    """flax Dense, kernel [D_in, features] on logical `axes` (the bias on the second), in config's dtypes."""
+    return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+                    kernel_init=nn.with_logical_partitioning(_init(config), axes),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+                    dot_general=dot_general, name=name)
 
 
-class Dense(nn.Module):
-    """y = x @ kernel + bias over the last axis, kernel [D_in, D_out] with logical axis names.
-
-    Attributes:
-      config: model config (initializer, dtypes).
-      features: D_out.
-      axes: logical names of the kernel's two axes; the bias takes the second.
-      transpose_input_for_grad: compute the kernel gradient as x^T @ dy with x^T written out once
-        (`dense_transposed_input_grad`); worth it where D_in is much narrower than D_out (the
-        feed-forward block's first layer).
-    """
-
-    config: BertConfig
-    features: int
-    axes: tuple[str, str]
-    transpose_input_for_grad: bool = False
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        """x: [..., D_in] -> [..., D_out] in config.dtype."""
-        dtype = jnp.dtype(self.config.dtype)
-        kernel = _param(self, "kernel", _init(self.config), (x.shape[-1], self.features), self.axes)
-        bias = _param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:])
-        x, kernel, bias = x.astype(dtype), kernel.astype(dtype), bias.astype(dtype)
-        if self.transpose_input_for_grad:
-            return dense_transposed_input_grad(x, kernel, bias)
-        return jnp.dot(x, kernel) + bias
+def _layer_norm(config: BertConfig, name: str) -> nn.Module:
+    return _kernels(config).layer_norm(config.layer_norm_eps, jnp.dtype(config.dtype),
+                                       jnp.dtype(config.param_dtype), name=name)
 
 
-@jax.custom_vjp
-def dense_transposed_input_grad(x: Array, kernel: Array, bias: Array) -> Array:
-    """x [..., D_in] @ kernel [D_in, D_out] + bias [D_out], one dtype; the same value as the plain form.
-
-    The gradient is written out so that the kernel gradient multiplies a transposed copy of the input,
-    x^T [D_in, N] @ dy [N, D_out], held apart from the forward by an optimization barrier. Left to
-    itself, XLA CPU transposed the wider dy [N, D_out] instead (and kept the narrow x as is); in the
-    feed-forward block's first layer (D_out = 4 D_in) this made the whole train step 4-7% slower on
-    `mini` and about 6% slower on BERT-Base (in-process A/B, medians of alternating windows). Tests
-    check all three gradients against autodiff of the plain form.
-    """
-    return jnp.dot(x, kernel) + bias
-
-
-def _dense_fwd(x, kernel, bias):
-    return dense_transposed_input_grad(x, kernel, bias), (x, kernel)
-
-
-def _dense_bwd(residuals, dy):
-    x, kernel = residuals
-    flat_x = x.reshape(-1, x.shape[-1])  # [N, D_in]
-    flat_dy = dy.reshape(-1, dy.shape[-1])  # [N, D_out]
-    x_t = jax.lax.optimization_barrier(flat_x.T)  # [D_in, N], materialised once
-    dkernel = jnp.dot(x_t, flat_dy, preferred_element_type=jnp.float32).astype(kernel.dtype)
-    dbias = flat_dy.astype(jnp.float32).sum(axis=0).astype(kernel.dtype)
-    return jnp.dot(dy, kernel.T), dkernel, dbias
-
-
-dense_transposed_input_grad.defvjp(_dense_fwd, _dense_bwd)
+def _dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> Array:
+    return _kernels(config).dropout(rate)(x, deterministic=deterministic)
 
 
 class BertEmbeddings(nn.Module):
@@ -379,17 +279,16 @@ class BertEmbeddings(nn.Module):
 
     def setup(self):
         c = self.config
-        self.word_embeddings = nn.Embed(
-            c.vocab_size, c.hidden_size, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype),
-            embedding_init=nn.with_logical_partitioning(_init(c), ("vocab", "embed")))
-        self.position_embeddings = nn.Embed(
-            c.max_position_embeddings, c.hidden_size, param_dtype=jnp.dtype(c.param_dtype),
-            embedding_init=nn.with_logical_partitioning(_init(c), ("position", "embed")))
-        self.token_type_embeddings = nn.Embed(
-            c.type_vocab_size, c.hidden_size, param_dtype=jnp.dtype(c.param_dtype),
-            embedding_init=nn.with_logical_partitioning(_init(c), ("token_type", "embed")))
-        self.layer_norm = LayerNorm(c, name="LayerNorm")
-        self.dropout = Dropout(c.hidden_dropout_prob)
+
+        def table(rows, axis):
+            return nn.Embed(rows, c.hidden_size, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype),
+                            embedding_init=nn.with_logical_partitioning(_init(c), (axis, "embed")))
+
+        self.word_embeddings = table(c.vocab_size, "vocab")
+        self.position_embeddings = table(c.max_position_embeddings, "position")
+        self.token_type_embeddings = table(c.type_vocab_size, "token_type")
+        self.layer_norm = _layer_norm(c, "LayerNorm")
+        self.dropout = _kernels(c).dropout(c.hidden_dropout_prob)
 
     def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
         """input_ids, token_type_ids: int32 [B, L] -> embeddings [B, L, D] in config.dtype.
@@ -408,114 +307,25 @@ class BertEmbeddings(nn.Module):
             input_ids' (jax broadcasting).
           flax.errors.InvalidRngError: deterministic False without a "dropout" PRNG stream.
         """
-        length = input_ids.shape[1]
-        # Sum in param_dtype (float32) so bfloat16 compute loses nothing before the LayerNorm.
+        # Summed in param_dtype (float32) so that bfloat16 compute loses nothing before the LayerNorm.
         words = jnp.take(self.word_embeddings.embedding, input_ids, axis=0)  # [B, L, D]
-        positions = self.position_embeddings.embedding[:length][None]  # [1, L, D]
+        positions = self.position_embeddings.embedding[:input_ids.shape[1]][None]  # [1, L, D]
         types = jnp.take(self.token_type_embeddings.embedding, token_type_ids, axis=0)  # [B, L, D]
-        x = self.layer_norm(words + positions + types)
-        x = self.dropout(x, deterministic=deterministic)
+        x = self.dropout(self.layer_norm(words + positions + types), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
-    def attend(self, x: Array, bias: Array | None = None) -> Array:
-        """Tied output projection: x [..., D] -> float32 logits [..., V] = x @ word_embeddings^T (+ bias [V])."""
-        table = self.word_embeddings.embedding
-        bias = jnp.zeros(table.shape[:1], jnp.float32) if bias is None else bias
-        return tied_logits(x, table, bias, jnp.dtype(self.config.dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def tied_logits(x: Array, table: Array, bias: Array, dtype: jnp.dtype) -> Array:
-    """x [..., D] @ table [V, D]^T + bias [V] -> float32 [..., V]; x and table cast to `dtype` (compute).
-
-    The gradient is written out for XLA CPU, where the head's non-matmul work dominated it: d bias is
-    a matrix-vector product (ones @ d logits) instead of a reduction over the [N, V] cotangent, which
-    XLA CPU ran several times slower; d table = (x^T @ d logits)^T transposes the [D, V] result rather
-    than the [N, V] cotangent. Tests check all three gradients against autodiff of the plain einsum.
-    """
-    return jnp.einsum("...d,vd->...v", x.astype(dtype), table.astype(dtype),
-                      preferred_element_type=jnp.float32) + bias.astype(jnp.float32)
-
-
-def _tied_logits_fwd(x, table, bias, dtype):
-    return tied_logits(x, table, bias, dtype), (x, table, bias)
-
-
-def _tied_logits_bwd(dtype, residuals, dlogits):
-    x, table, bias = residuals
-    d32 = dlogits.reshape(-1, dlogits.shape[-1])  # [N, V] float32
-    d = d32.astype(dtype)
-    flat_x = x.reshape(-1, x.shape[-1]).astype(dtype)  # [N, D]
-    dx = jnp.einsum("nv,vd->nd", d, table.astype(dtype), preferred_element_type=jnp.float32)
-    dtable = jnp.einsum("nd,nv->dv", flat_x, d, preferred_element_type=jnp.float32).T  # [V, D]
-    dbias = jnp.ones(d32.shape[:1], jnp.float32) @ d32  # [V]
-    return dx.reshape(x.shape).astype(x.dtype), dtable.astype(table.dtype), dbias.astype(bias.dtype)
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
-
-
-def _fmix32(h: Array) -> Array:
-    """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
-    """Keep mask of inverted dropout from a counter-based hash -> (bool mask of `shape`, keep probability).
-
-    Two 32-bit seeds are drawn from `rng` (any PRNG key); element i of the mask hashes its index:
-    h = fmix32(fmix32(lead ^ s0) ^ (inner * 0x9E3779B9 + s1)), with `lead` the index over the leading
-    dims and `inner` over the last two, and the element is kept when the top 16 bits of h are at least
-    round(rate * 65536). The keep probability is therefore 1 - round(rate * 65536) / 65536 (0.8999939
-    for rate 0.1). Why not `nn.Dropout`: on CPU, drawing one PRNG number per element (threefry or
-    RngBitGenerator) costs about 10x more than these fused integer operations, and for the attention
-    probabilities [B, N, L, L] that made dropout slower than the matmuls. The mask depends only on the
-    key and the global index, so it is the same under any sharding.
-    """
-    seeds = jax.random.bits(rng, (2,), jnp.uint32)
-    lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
-    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
-    outer = jax.lax.broadcasted_iota(jnp.uint32, (lead, 1, 1), 0)
-    inner = (jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 1) * jnp.uint32(cols)
-             + jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 2))
-    h = _fmix32(_fmix32(outer ^ seeds[0]) ^ (inner * jnp.uint32(0x9E3779B9) + seeds[1]))
-    threshold = round(rate * 65536)
-    return ((h >> 16) >= threshold).reshape(shape), 1.0 - threshold / 65536
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (drops with probability `rate`, scales the rest by 1 / keep probability) on the
-    "dropout" PRNG stream, with the hashed mask of `dropout_keep_mask`; identity when deterministic."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        """x: any shape, floating dtype -> same shape and dtype; x itself when deterministic or rate 0.
-
-        Raises (only when applied, i.e. not deterministic and rate > 0):
-          flax.errors.InvalidRngError: no "dropout" PRNG stream (`rngs={"dropout": key}`).
-          ValueError: a 0-d x (the mask is indexed over the last two axes).
-          ZeroDivisionError: a rate so close to 1 that nothing is kept (round(rate * 65536) == 65536).
-        """
-        if deterministic or self.rate == 0.0:
-            return x
-        keep, keep_prob = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-        return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
+    def attend(self, x: Array, bias: Array) -> Array:
+        """Tied output projection: x [..., D] -> float32 logits [..., V] = x @ word_embeddings^T + bias [V]."""
+        return _kernels(self.config).tied_logits(x, self.word_embeddings.embedding, bias, jnp.dtype(self.config.dtype))
 
 
 class BertSelfAttention(nn.Module):
     """Bidirectional multi-head self-attention with the padding mask, then the output projection."""
 
     config: BertConfig
-    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array) -> Array:
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> Array:
         """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding) -> [B, L, D].
 
         Scaled dot-product attention (Vaswani et al. 2017, section 3.2): softmax(q k^T / sqrt(H) + mask_bias) v
@@ -530,37 +340,29 @@ class BertSelfAttention(nn.Module):
         c = self.config
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
-        init = _init(c)
-
         batch, length = x.shape[:2]
         tokens = x.reshape(batch * length, d).astype(dtype)  # [B*L, D]
 
-        # Projections are plain 2-D matmuls over the flattened tokens with the [D, N, H] kernels viewed
-        # as [D, N*H] (a free reshape), then one transpose to heads-major [B, N, L, H]. Written as one
-        # einsum "bld,dnh->bnlh", XLA CPU instead copied transposed kernels and activations around every
-        # projection (about 280 ms of copy and transpose fusions in a BERT-Base train step's profile).
-        def project(name):  # -> [B, N, L, H]
-            kernel = _param(self, f"{name}_kernel", init, (d, n, h), ("embed", "heads", "kv"))
+        # Kernels are [D, N, H] (heads on their own logical axis), multiplied as their free [D, N*H]
+        # view over the flattened tokens, then one transpose to heads-major [B, N, L, H].
+        def project(name):
+            kernel = _param(self, f"{name}_kernel", _init(c), (d, n, h), ("embed", "heads", "kv"))
             bias = _param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
             y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype)) + bias.reshape(n * h).astype(dtype)
             y = y.reshape(batch, length, n, h).transpose(0, 2, 1, 3)
             return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv"))
 
         query, key, value = project("query"), project("key"), project("value")
-        # Scores and softmax in float32 whatever the compute dtype. Plain batched matmuls over [B, N]
-        # are ~3x faster than the equivalent einsum on XLA CPU (benchmarks/train_step.py).
         scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(h) + mask_bias  # [B, N, L, L]
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = Dropout(c.attention_probs_dropout_prob)(probs, deterministic=self.deterministic)
+        probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, L, L] float32
+        probs = _dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
         context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
         context = nn.with_logical_constraint(context, ("batch", "heads", "length", "kv"))
         context = context.transpose(0, 2, 1, 3).reshape(batch * length, n * h)  # [B*L, N*H]
-        out_kernel = _param(self, "output_kernel", init, (n, h, d), ("heads", "kv", "embed"))
+        out_kernel = _param(self, "output_kernel", _init(c), (n, h, d), ("heads", "kv", "embed"))
         out_bias = _param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
         out = jnp.dot(context, out_kernel.reshape(n * h, d).astype(dtype)) + out_bias.astype(dtype)
-        out = out.reshape(batch, length, d)
-        return out  # [B, L, D]
+        return out.reshape(batch, length, d)
 
 
 class BertLayer(nn.Module):
@@ -570,21 +372,18 @@ class BertLayer(nn.Module):
     """
 
     config: BertConfig
-    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array) -> tuple[Array, None]:
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> tuple[Array, None]:
         """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> ([B, L, D], None)."""
         c = self.config
-        drop = lambda y: Dropout(c.hidden_dropout_prob)(y, deterministic=self.deterministic)
-        attn = BertSelfAttention(c, self.deterministic, name="attention")(x, mask_bias)
-        x = LayerNorm(c, name="attention_LayerNorm")(x + drop(attn))
+        attn = BertSelfAttention(c, name="attention")(x, mask_bias, deterministic)
+        x = _layer_norm(c, "attention_LayerNorm")(x + _dropout(c, c.hidden_dropout_prob, attn, deterministic))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        y = Dense(c, c.intermediate_size, ("embed", "mlp"), transpose_input_for_grad=True, name="intermediate")(x)
-        y = _ACTIVATIONS[c.hidden_act](y)
-        y = nn.with_logical_constraint(y, ("batch", "length", "mlp"))  # [B, L, I]
-        y = Dense(c, c.hidden_size, ("mlp", "embed"), name="output")(y)
-        x = LayerNorm(c, name="output_LayerNorm")(x + drop(y))
+        y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", _kernels(c).dot_general)(x)
+        y = nn.with_logical_constraint(_activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
+        y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
+        x = _layer_norm(c, "output_LayerNorm")(x + _dropout(c, c.hidden_dropout_prob, y, deterministic))
         return nn.with_logical_constraint(x, ("batch", "length", "embed")), None
 
 
@@ -594,26 +393,20 @@ class BertEncoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool = True) -> Array:
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> Array:
         """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> [B, L, D]."""
         c = self.config
         layer_cls = BertLayer
-        policy = _REMAT_POLICIES[c.remat_policy]
-        if c.remat_policy != "none":
-            layer_cls = nn.remat(BertLayer, policy=policy, prevent_cse=not c.scan_layers)
+        if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask_bias) is static
+            layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
+                                 static_argnums=(3,))
         if c.scan_layers:
-            stack = nn.scan(
-                layer_cls,
-                variable_axes={"params": 0},
-                split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast,),
-                length=c.num_hidden_layers,
-                metadata_params={nn.PARTITION_NAME: "layers"},
-            )
-            x, _ = stack(c, deterministic, name="layers")(x, mask_bias)
-            return x
+            stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                            in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            return stack(c, name="layers")(x, mask_bias, deterministic)[0]
         for i in range(c.num_hidden_layers):
-            x, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x, mask_bias)
+            x, _ = layer_cls(c, name=f"layer_{i}")(x, mask_bias, deterministic)
         return x
 
 
@@ -650,7 +443,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
         if self.add_pooling_layer:
-            self.pooler = Dense(c, c.hidden_size, ("embed", "embed_out"))
+            self.pooler = _dense(c, c.hidden_size, ("embed", "embed_out"))
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True) -> BertOutput:
@@ -678,8 +471,8 @@ class BertModel(nn.Module):
         pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None
         return BertOutput(sequence_output=x, pooled_output=pooled)
 
-    def attend(self, x: Array, bias: Array | None = None) -> Array:
-        """Tied word-embedding projection, x [..., D] -> float32 [..., V] (+ bias float [V])."""
+    def attend(self, x: Array, bias: Array) -> Array:
+        """Tied word-embedding projection, x [..., D] -> float32 [..., V] = x @ word_embeddings^T + bias [V]."""
         return self.embeddings.attend(x, bias)
 
 
@@ -709,9 +502,9 @@ class BertForPreTraining(nn.Module):
     def setup(self):
         c = self.config
         self.bert = BertModel(c, name="bert")
-        self.mlm_transform = Dense(c, c.hidden_size, ("embed", "embed_out"), name="mlm_transform")
-        self.mlm_layer_norm = LayerNorm(c, name="mlm_LayerNorm")
-        self.nsp = Dense(c, 2, ("embed", "classes"), name="nsp")
+        self.mlm_transform = _dense(c, c.hidden_size, ("embed", "embed_out"))
+        self.mlm_layer_norm = _layer_norm(c, "mlm_LayerNorm")
+        self.nsp = _dense(c, 2, ("embed", "classes"))
         self.mlm_output_bias = _param(self, "mlm_output_bias", nn.initializers.zeros, (c.vocab_size,),
                                       ("vocab",))
 
@@ -747,7 +540,7 @@ class BertForPreTraining(nn.Module):
         c = self.config
         x = gather_positions(sequence_output, masked_lm_positions)  # [B, P, D]
         x = nn.with_logical_constraint(x, ("batch", "predictions", "embed"))
-        x = self.mlm_layer_norm(_ACTIVATIONS[c.hidden_act](self.mlm_transform(x)))
+        x = self.mlm_layer_norm(_activation(c)(self.mlm_transform(x)))
         logits = self.bert.attend(x, self.mlm_output_bias)
         return nn.with_logical_constraint(logits, ("batch", "predictions", "vocab"))
 
@@ -771,7 +564,7 @@ class BertForQuestionAnswering(nn.Module):
         """
         out = BertModel(self.config, add_pooling_layer=False, name="bert")(
             input_ids, token_type_ids, attention_mask, deterministic)
-        logits = Dense(self.config, 2, ("embed", "classes"), name="qa_outputs")(out.sequence_output)
+        logits = _dense(self.config, 2, ("embed", "classes"), "qa_outputs")(out.sequence_output)
         logits = logits.astype(jnp.float32)  # [B, L, 2]
         return SpanOutput(start_logits=logits[..., 0], end_logits=logits[..., 1])
 
@@ -795,6 +588,6 @@ class BertForSequenceClassification(nn.Module):
           flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
         """
         out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
-        pooled = Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic=deterministic)
-        logits = Dense(self.config, self.num_labels, ("embed", "classes"), name="classifier")(pooled)
+        pooled = _dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
+        logits = _dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
         return ClassificationOutput(logits=logits.astype(jnp.float32))

@@ -17,6 +17,12 @@ TINY = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, n
 B, L, P = 13, 7, 3
 
 
+@pytest.fixture(params=["reference", "xla_cpu"])
+def kernel_set(request):
+    """The numerics tests run with both `bert_jax.kernels` sets."""
+    return request.param
+
+
 def _layer_tree(prefix=()):
     """path -> (shape, logical names) of one layer; `prefix` is prepended for scanned stacks."""
     n = len(prefix)
@@ -84,8 +90,9 @@ def _init_boxed(config):
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_parameter_tree_with_logical_axes(scan):
-    boxed = _init_boxed(TINY.replace(scan_layers=scan))
+def test_parameter_tree_with_logical_axes(kernel_set, scan):
+    tiny = TINY.replace(kernels=kernel_set)
+    boxed = _init_boxed(tiny.replace(scan_layers=scan))
     flat = traverse_util.flatten_dict(boxed, sep="/", is_leaf=lambda _, v: isinstance(v, nn.Partitioned))
     got = {k: (tuple(v.value.shape), tuple(v.names)) for k, v in flat.items()}
     assert got == _expected_tree(scan)
@@ -112,12 +119,13 @@ def test_parameter_count_matches_transformers(size, paper_millions):
     assert abs(ours / 1e6 - paper_millions) / paper_millions < 0.02
 
 
-def test_scan_matches_layer_loop():
+def test_scan_matches_layer_loop(kernel_set):
+    tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(TINY, seed=3)
-    scanned = convert.stack_layers(params, TINY.num_hidden_layers)
-    out_loop = modeling.BertForPreTraining(TINY).apply({"params": params}, **x)
-    out_scan = modeling.BertForPreTraining(TINY.replace(scan_layers=True)).apply({"params": scanned}, **x)
+    params = convert.init_params(tiny, seed=3)
+    scanned = convert.stack_layers(params, tiny.num_hidden_layers)
+    out_loop = modeling.BertForPreTraining(tiny).apply({"params": params}, **x)
+    out_scan = modeling.BertForPreTraining(tiny.replace(scan_layers=True)).apply({"params": scanned}, **x)
     np.testing.assert_allclose(out_scan.mlm_logits, out_loop.mlm_logits, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out_scan.nsp_logits, out_loop.nsp_logits, atol=1e-5, rtol=1e-5)
     back = convert.unstack_layers(scanned)
@@ -125,9 +133,10 @@ def test_scan_matches_layer_loop():
 
 
 @pytest.mark.parametrize("policy,scan", [("full", False), ("dots", True)])
-def test_remat_gives_the_same_gradients(policy, scan):
+def test_remat_gives_the_same_gradients(kernel_set, policy, scan):
+    tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    base = TINY.replace(scan_layers=scan)
+    base = tiny.replace(scan_layers=scan)
     params = convert.init_params(base, seed=1)
 
     def grads(config):
@@ -141,10 +150,11 @@ def test_remat_gives_the_same_gradients(policy, scan):
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), remat, plain)
 
 
-def test_padding_does_not_change_real_tokens():
+def test_padding_does_not_change_real_tokens(kernel_set):
+    tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(TINY, seed=2)
-    model = modeling.BertModel(TINY)
+    params = convert.init_params(tiny, seed=2)
+    model = modeling.BertModel(tiny)
     out = model.apply({"params": params["bert"]}, x["input_ids"], x["token_type_ids"], x["attention_mask"])
     # Fill padded positions with other ids and types, and pad further: real tokens must not move.
     mask = np.asarray(x["attention_mask"])
@@ -159,10 +169,11 @@ def test_padding_does_not_change_real_tokens():
     np.testing.assert_allclose(out2.pooled_output, out.pooled_output, atol=1e-5)
 
 
-def test_mlm_logits_only_at_masked_positions():
+def test_mlm_logits_only_at_masked_positions(kernel_set):
+    tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(TINY, seed=4)
-    model = modeling.BertForPreTraining(TINY)
+    params = convert.init_params(tiny, seed=4)
+    model = modeling.BertForPreTraining(tiny)
     out = model.apply({"params": params}, **x)
     assert out.mlm_logits.shape == (B, P, 99) and out.mlm_logits.dtype == jnp.float32
     assert out.nsp_logits.shape == (B, 2)
@@ -179,10 +190,11 @@ def test_mlm_logits_only_at_masked_positions():
     assert not np.allclose(np.asarray(h)[..., 5], np.asarray(out.mlm_logits)[..., 5])
 
 
-def test_dropout_is_active_only_when_not_deterministic():
+def test_dropout_is_active_only_when_not_deterministic(kernel_set):
+    tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(TINY, seed=0)
-    apply = lambda **kw: modeling.BertModel(TINY).apply({"params": params["bert"]}, x["input_ids"],
+    params = convert.init_params(tiny, seed=0)
+    apply = lambda **kw: modeling.BertModel(tiny).apply({"params": params["bert"]}, x["input_ids"],
                                                          x["token_type_ids"], x["attention_mask"], **kw)
     det1, det2 = apply(deterministic=True), apply(deterministic=True)
     np.testing.assert_array_equal(det1.sequence_output, det2.sequence_output)
@@ -192,8 +204,8 @@ def test_dropout_is_active_only_when_not_deterministic():
     assert not np.allclose(d1.sequence_output, det1.sequence_output)
 
 
-def test_bfloat16_compute_on_base_is_close_to_float32():
-    config = modeling.BertConfig()  # BERT-Base
+def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set):
+    config = modeling.BertConfig(kernels=kernel_set)  # BERT-Base
     params = convert.init_params(config, seed=0)["bert"]
     x = _inputs(batch=2, length=128, vocab=config.vocab_size)
     f32 = modeling.BertModel(config).apply({"params": params}, x["input_ids"], x["token_type_ids"],
@@ -252,140 +264,22 @@ def test_task_heads_shapes():
     assert cls.apply(nn.unbox(v), x["input_ids"]).logits.shape == (B, 3)
 
 
-def test_hashed_dropout_mask_statistics():
-    """The hashed keep mask behaves as independent Bernoulli(p) draws: rate, pairwise independence of
-    neighbours and of different keys, and an unbiased output."""
-    from bert_jax.modeling import Dropout, dropout_keep_mask
+def test_kernel_sets_compute_the_same_model():
+    """reference and xla_cpu on the same parameters: equal outputs and gradients (deterministic), the
+    same parameter tree."""
+    x = _inputs()
+    params = convert.init_params(TINY, seed=6)
 
-    shape = (8, 4, 128, 128)  # 524288 elements
-    keep, p = dropout_keep_mask(jax.random.key(0), shape, 0.1)
-    keep = np.asarray(keep, np.float64)
-    n = keep.size
-    assert p == 1 - 6554 / 65536
-    assert abs(keep.mean() - p) < 4 * np.sqrt(p * (1 - p) / n)
-    # Neighbours along every axis, and masks from two keys, are uncorrelated (|r| < 4 / sqrt(n)).
-    centred = keep - keep.mean()
-    other = np.asarray(dropout_keep_mask(jax.random.key(1), shape, 0.1)[0], np.float64)
-    pairs = [(centred[..., 1:], centred[..., :-1]), (centred[:, :, 1:], centred[:, :, :-1]),
-             (centred[:, 1:], centred[:, :-1]), (centred[1:], centred[:-1]), (centred, other - other.mean())]
-    for a, b in pairs:
-        r = (a * b).mean() / np.sqrt((a * a).mean() * (b * b).mean())
-        assert abs(r) < 4 / np.sqrt(a.size), r
-    # Keep rates for a few other rates and shapes (1-D, 2-D).
-    for rate, shp in ((0.5, (4096,)), (0.25, (64, 512))):
-        k, p = dropout_keep_mask(jax.random.key(3), shp, rate)
-        assert abs(float(np.mean(k)) - p) < 4 * np.sqrt(p * (1 - p) / np.prod(shp))
-    # Inverted scaling: the mean of the output equals the mean of the input.
-    x = jnp.ones((256, 1024))
-    y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
-    assert abs(float(y.mean()) - 1.0) < 4 * np.sqrt(0.1 / 0.9 / x.size)
-    np.testing.assert_allclose(np.unique(np.asarray(y)), [0.0, 65536 / (65536 - 6554)], rtol=1e-6)
+    def run(kernel_set):
+        model = modeling.BertForPreTraining(TINY.replace(kernels=kernel_set))
 
+        def loss(p):
+            out = model.apply({"params": p}, **x)
+            return jnp.sum(jnp.sin(out.mlm_logits)) + jnp.sum(out.nsp_logits ** 2), out
+        return jax.value_and_grad(loss, has_aux=True)(params)
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tied_logits_gradients_equal_autodiff_of_the_einsum(dtype):
-    """The hand-written backward of the tied decoder (d x, d table, d bias) against autodiff of
-    x @ table^T + bias, under a loss that weights every logit differently."""
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.dtype(dtype))  # [B, P, D]
-    table = jnp.asarray(rng.normal(size=(37, 16)) * 0.1, jnp.float32)  # [V, D] float32 parameters
-    bias = jnp.asarray(rng.normal(size=(37,)), jnp.float32)
-    weight = jnp.asarray(rng.normal(size=(2, 3, 37)), jnp.float32)
-
-    def plain(x, table, bias):
-        return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype), preferred_element_type=jnp.float32) + bias
-
-    def loss(fn):
-        return lambda *args: jnp.sum(jnp.sin(fn(*args)) * weight)
-
-    ours = jax.grad(loss(lambda *a: modeling.tied_logits(*a, jnp.dtype(dtype))), argnums=(0, 1, 2))(x, table, bias)
-    ref = jax.grad(loss(plain), argnums=(0, 1, 2))(x, table, bias)
-    np.testing.assert_allclose(modeling.tied_logits(x, table, bias, jnp.dtype(dtype)), plain(x, table, bias),
-                               rtol=1e-6)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
-    for name, a, b in zip(("x", "table", "bias"), ours, ref):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gelu_and_its_gradient_equal_autodiff_of_the_erf_formula(dtype):
-    """The exact GELU with its hand-written gradient against jax.nn.gelu(approximate=False) and
-    autodiff of it, and against torch.nn.functional.gelu (the reference's), over [-8, 8]."""
-    import torch
-
-    x32 = np.linspace(-8, 8, 4001).astype(np.float32)
-    x = jnp.asarray(x32, jnp.dtype(dtype))
-    weight = jnp.asarray(np.cos(np.arange(x32.size)), jnp.float32)
-    ours = modeling.gelu(x)
-    assert ours.dtype == x.dtype
-    ref = jax.nn.gelu(x.astype(jnp.float32), approximate=False)
-    # atol: near x = -8 the 1 + erf form (torch's) and jax's erfc form differ by rounding, < 1e-6.
-    tol = dict(rtol=1e-6, atol=1e-6) if dtype == "float32" else dict(rtol=1e-2, atol=1e-2)
-    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(ref), **tol)
-    grad = jax.grad(lambda v: jnp.sum(modeling.gelu(v).astype(jnp.float32) * weight))(x)
-    grad_ref = jax.grad(lambda v: jnp.sum(jax.nn.gelu(v, approximate=False) * weight))(x.astype(jnp.float32))
-    assert grad.dtype == x.dtype
-    np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(grad_ref), **tol)
-    if dtype == "float32":
-        t = torch.tensor(x32, requires_grad=True)
-        torch.nn.functional.gelu(t).backward(torch.tensor(np.asarray(weight)))
-        np.testing.assert_allclose(np.asarray(grad), t.grad.numpy(), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_layer_norm_and_its_gradients_equal_torch_layer_norm(dtype):
-    """Our LayerNorm (values, and gradients for the input, scale and bias) against
-    torch.nn.functional.layer_norm in float64 on rows whose mean is large next to their spread (where a
-    one-pass variance would lose digits), with the eps of BERT's config; bfloat16 input gives bfloat16 output."""
-    import torch
-
-    config = modeling.BertConfig(dtype=dtype, layer_norm_eps=1e-12)
-    rng = np.random.default_rng(0)
-    x64 = rng.normal(0.0, 0.5, size=(6, 5, 48)) + rng.normal(0, 8, size=(6, 5, 1))
-    scale64, bias64 = rng.normal(1, 0.1, 48), rng.normal(0, 0.1, 48)
-    cotangent = rng.normal(size=x64.shape)
-    module = modeling.LayerNorm(config)
-    params = {"scale": jnp.asarray(scale64, jnp.float32), "bias": jnp.asarray(bias64, jnp.float32)}
-    x = jnp.asarray(x64, jnp.dtype(dtype))
-
-    def loss(params, x):
-        y = module.apply({"params": params}, x)
-        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(cotangent, jnp.float32)), y
-
-    (_, y), (dparams, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
-    assert y.dtype == x.dtype and dx.dtype == x.dtype
-    t = torch.tensor(np.asarray(x.astype(jnp.float32), np.float64), requires_grad=True)
-    ts, tb = torch.tensor(scale64, requires_grad=True), torch.tensor(bias64, requires_grad=True)
-    ref = torch.nn.functional.layer_norm(t, (48,), ts, tb, eps=1e-12)
-    ref.backward(torch.tensor(cotangent))
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
-    np.testing.assert_allclose(np.asarray(y, np.float32), ref.detach().numpy(), **tol)
-    np.testing.assert_allclose(np.asarray(dx, np.float32), t.grad.numpy(), **tol)
-    grad_tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=5e-2, atol=5e-1)
-    np.testing.assert_allclose(np.asarray(dparams["scale"]), ts.grad.numpy(), **grad_tol)
-    np.testing.assert_allclose(np.asarray(dparams["bias"]), tb.grad.numpy(), **grad_tol)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_dense_transposed_input_grad_equals_autodiff_of_the_plain_form(dtype):
-    """Value and the x / kernel / bias gradients of the hand-written form against autodiff of
-    x @ kernel + bias, on a [B, L, D_in] input (the feed-forward shape, D_out = 4 D_in)."""
-    rng = np.random.default_rng(1)
-    x = jnp.asarray(rng.normal(size=(3, 5, 8)), jnp.dtype(dtype))
-    kernel = jnp.asarray(rng.normal(size=(8, 32)), jnp.dtype(dtype))
-    bias = jnp.asarray(rng.normal(size=(32,)), jnp.dtype(dtype))
-    cotangent = jnp.asarray(rng.normal(size=(3, 5, 32)), jnp.float32)
-
-    def loss(f):
-        return lambda x, k, b: jnp.sum(f(x, k, b).astype(jnp.float32) * cotangent)
-
-    plain = lambda x, k, b: jnp.dot(x, k) + b
-    ours = jax.grad(loss(modeling.dense_transposed_input_grad), argnums=(0, 1, 2))(x, kernel, bias)
-    ref = jax.grad(loss(plain), argnums=(0, 1, 2))(x, kernel, bias)
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=5e-2)
-    np.testing.assert_allclose(np.asarray(modeling.dense_transposed_input_grad(x, kernel, bias), np.float32),
-                               np.asarray(plain(x, kernel, bias), np.float32), **tol)
-    for name, a, b in zip(("x", "kernel", "bias"), ours, ref):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
+    ((_, ref), ref_grads), ((_, cpu), cpu_grads) = run("reference"), run("xla_cpu")
+    np.testing.assert_allclose(cpu.mlm_logits, ref.mlm_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cpu.nsp_logits, ref.nsp_logits, rtol=1e-5, atol=1e-5)
+    assert jax.tree.structure(cpu_grads) == jax.tree.structure(ref_grads)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), cpu_grads, ref_grads)

@@ -39,8 +39,10 @@ def minilm(minilm_dir):
     return config, params, reference, tokenizer
 
 
-def test_real_weights_match_transformers(minilm, data_dir):
+@pytest.mark.parametrize("kernel_set", ["reference", "xla_cpu"])
+def test_real_weights_match_transformers(minilm, data_dir, kernel_set):
     config, params, reference, tokenizer = minilm
+    config = config.replace(kernels=kernel_set)
     first, second = _mrpc_pairs(data_dir, 18)
     # 18 pairs (token types 0 and 1) and 18 single sentences, all padded to the longest pair.
     enc = tokenizer(first, second, padding=True, return_tensors="np")
@@ -95,10 +97,12 @@ def _pretraining_inputs(seed=0, batch=5, length=23, predictions=4):
     return {"input_ids": ids * mask, "token_type_ids": types, "attention_mask": mask}, positions
 
 
-def test_pretraining_heads_match_transformers(hf_pretraining, caplog):
+@pytest.mark.parametrize("kernel_set", ["reference", "xla_cpu"])
+def test_pretraining_heads_match_transformers(hf_pretraining, caplog, kernel_set):
     model, path = hf_pretraining
     with caplog.at_level(logging.WARNING):
-        config, params = convert.from_hf(str(path), strict=True)
+        config, params = convert.from_hf(str(path), strict=True, kernels=kernel_set)
+    assert config.kernels == kernel_set
     assert not caplog.records
     inputs, positions = _pretraining_inputs()
     out = modeling.BertForPreTraining(config).apply(

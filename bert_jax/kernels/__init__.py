@@ -42,3 +42,54 @@ def resolve(name: str, platform: str | None = None) -> str:
 
         platform = jax.default_backend()
     return "xla_cpu" if platform == "cpu" else "reference"
+
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """One kernel set: the operations `bert_jax.modeling` and `bert_jax.losses` take from here.
+
+    Attributes:
+      name: "reference" or "xla_cpu".
+      gelu: x [...] any float dtype -> exact (erf) GELU x * Phi(x), computed in float32, x's dtype.
+      dot_general: a `jax.lax.dot_general` stand-in for the feed-forward block's first `nn.Dense`
+        (x [..., D] . kernel [D, I]); None for flax's own.
+      tied_logits: (x [..., D], table [V, D], bias [V], compute dtype) -> float32 [..., V],
+        x @ table^T + bias with x and table cast to the compute dtype.
+      dropout: a flax module class, called `dropout(rate)(x, deterministic=...)`: inverted dropout on
+        the "dropout" PRNG stream.
+      layer_norm: (epsilon, dtype, param_dtype, name) -> a flax module normalising the last axis with
+        float32 statistics and parameters `scale`, `bias` [D] (logical axis `embed`).
+      nll: (float32 logits [..., K], int32 labels [...]) -> float32 [...] negative log-likelihood.
+      is_argmax: (logits [..., K], int labels [...]) -> bool [...], labels == argmax (ties: first).
+    """
+
+    name: str
+    gelu: Callable
+    dot_general: Callable | None
+    tied_logits: Callable
+    dropout: Any
+    layer_norm: Callable
+    nll: Callable
+    is_argmax: Callable
+
+
+@functools.lru_cache(maxsize=None)
+def get(name: str, platform: str | None = None) -> Kernels:
+    """The kernel set `resolve(name, platform)`.
+
+    Raises:
+      ValueError: as `resolve`.
+    """
+    resolved = resolve(name, platform)
+    if resolved == "xla_cpu":
+        from bert_jax.kernels import xla_cpu
+
+        return xla_cpu.KERNELS
+    from bert_jax.kernels import reference
+
+    return reference.KERNELS

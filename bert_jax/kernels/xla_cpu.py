@@ -1,0 +1,239 @@
+"""The XLA:CPU kernel set: the same operations as `bert_jax.kernels.reference`, written for XLA's CPU
+backend, where the plain forms compile to extra passes over memory or slow reductions.
+
+Every function here has the reference's value (and, where it has one, gradient): tests/test_kernels.py
+checks value and gradient against the reference in float32 and bfloat16. Each stays only while it wins
+where it runs: `benchmarks/train_step.py --ablate` times the train step with each kernel swapped back
+to its reference form.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.kernels import Kernels, reference
+
+Array = jax.Array
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _normal_cdf(x: Array) -> Array:
+    """Phi(x) = (1 + erf(x / sqrt(2))) / 2, the form of torch.nn.functional.gelu."""
+    return 0.5 + 0.5 * jax.lax.erf(x * _SQRT_HALF)
+
+
+@jax.custom_vjp
+def gelu(x: Array) -> Array:
+    """Exact (erf) GELU, x * Phi(x), in float32, x's dtype kept; the gradient g * (Phi(x) + x phi(x)) is
+    one elementwise pass over the saved input. Autodiff lets XLA CPU share erf(x / sqrt 2) between the
+    passes, written to memory in the forward and read back in the backward."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * _normal_cdf(x32)).astype(x.dtype)
+
+
+def _gelu_fwd(x):
+    return gelu(x), x
+
+
+def _gelu_bwd(x, g):
+    x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)  # recompute erf here, not share it
+    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
+    return ((g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
+@jax.custom_vjp
+def _dot_transposed_input_grad(x: Array, kernel: Array) -> Array:
+    return jnp.dot(x, kernel)
+
+
+def _dot_fwd(x, kernel):
+    return jnp.dot(x, kernel), (x, kernel)
+
+
+def _dot_bwd(residuals, dy):
+    x, kernel = residuals
+    flat_x, flat_dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # [N, D_in], [N, D_out]
+    x_t = jax.lax.optimization_barrier(flat_x.T)  # [D_in, N], written out once
+    dkernel = jnp.dot(x_t, flat_dy, preferred_element_type=jnp.float32).astype(kernel.dtype)
+    return jnp.dot(dy, kernel.T), dkernel
+
+
+_dot_transposed_input_grad.defvjp(_dot_fwd, _dot_bwd)
+
+
+def dot_general(x: Array, kernel: Array, dimension_numbers, precision=None, preferred_element_type=None) -> Array:
+    """`jax.lax.dot_general` for `nn.Dense` (x [..., D_in] contracted with kernel [D_in, D_out]) whose
+    kernel gradient multiplies a transposed copy of the input, x^T [D_in, N] @ dy [N, D_out], held apart
+    from the forward by an optimization barrier. Left to itself XLA CPU transposes the wider dy instead
+    (D_out = 4 D_in in the feed-forward block's first layer).
+
+    Raises:
+      ValueError: dimension numbers other than Dense's (last axis of x with the first of kernel),
+        a precision or a preferred_element_type.
+    """
+    if tuple(map(tuple, dimension_numbers[0])) != ((x.ndim - 1,), (0,)) or any(dimension_numbers[1]) \
+            or precision is not None or preferred_element_type is not None:
+        raise ValueError("xla_cpu.dot_general supports only nn.Dense's contraction, without precision "
+                         f"or preferred_element_type; got {dimension_numbers}, {precision}, {preferred_element_type}")
+    return _dot_transposed_input_grad(x, kernel)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def tied_logits(x: Array, table: Array, bias: Array, dtype) -> Array:
+    """x [..., D] @ table [V, D]^T + bias [V] -> float32 [..., V], as the reference. The gradient is
+    written out: d bias is a matrix-vector product (ones @ d logits) instead of a reduction over the
+    [N, V] cotangent, and d table = (x^T @ d logits)^T transposes the [D, V] result, not the [N, V]
+    cotangent; XLA CPU runs the reduction and that transpose slowly."""
+    return reference.tied_logits(x, table, bias, dtype)
+
+
+def _tied_logits_fwd(x, table, bias, dtype):
+    return tied_logits(x, table, bias, dtype), (x, table, bias)
+
+
+def _tied_logits_bwd(dtype, residuals, dlogits):
+    x, table, bias = residuals
+    d32 = dlogits.reshape(-1, dlogits.shape[-1])  # [N, V] float32
+    d = d32.astype(dtype)
+    flat_x = x.reshape(-1, x.shape[-1]).astype(dtype)  # [N, D]
+    dx = jnp.einsum("nv,vd->nd", d, table.astype(dtype), preferred_element_type=jnp.float32)
+    dtable = jnp.einsum("nd,nv->dv", flat_x, d, preferred_element_type=jnp.float32).T  # [V, D]
+    dbias = jnp.ones(d32.shape[:1], jnp.float32) @ d32  # [V]
+    return dx.reshape(x.shape).astype(x.dtype), dtable.astype(table.dtype), dbias.astype(bias.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
+def _fmix32(h: Array) -> Array:
+    """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
+    """Keep mask of inverted dropout from a counter-based hash -> (bool mask of `shape`, keep probability).
+
+    Two 32-bit seeds are drawn from `rng` (any PRNG key); element i hashes its index:
+    h = fmix32(fmix32(lead ^ s0) ^ (inner * 0x9E3779B9 + s1)), `lead` the index over the leading dims
+    and `inner` over the last two; kept when the top 16 bits of h are at least round(rate * 65536), so
+    the keep probability is 1 - round(rate * 65536) / 65536 (0.8999939 for rate 0.1). One PRNG draw per
+    element (threefry or RngBitGenerator) costs XLA CPU far more than these fused integer operations.
+    The mask depends only on the key and the global index, so it is the same under any sharding.
+
+    Raises:
+      ValueError: a 0-d shape.
+    """
+    if not shape:
+        raise ValueError("dropout needs an input with at least one axis")
+    seeds = jax.random.bits(rng, (2,), jnp.uint32)
+    lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    outer = jax.lax.broadcasted_iota(jnp.uint32, (lead, 1, 1), 0)
+    inner = (jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 1) * jnp.uint32(cols)
+             + jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 2))
+    h = _fmix32(_fmix32(outer ^ seeds[0]) ^ (inner * jnp.uint32(0x9E3779B9) + seeds[1]))
+    threshold = round(rate * 65536)
+    return ((h >> 16) >= threshold).reshape(shape), 1.0 - threshold / 65536
+
+
+class HashedDropout(nn.Module):
+    """Inverted dropout on the "dropout" PRNG stream with the mask of `keep_mask`: drops with
+    probability round(rate * 65536) / 65536 and scales the rest by 1 / keep probability."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        """x: any shape (at least 1-D), floating dtype -> same shape and dtype; x itself when deterministic
+        or rate is 0, zeros when rate is 1.
+
+        Raises (only when applied):
+          flax.errors.InvalidRngError: no "dropout" PRNG stream (`rngs={"dropout": key}`).
+          ValueError: a 0-d x.
+        """
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0 or round(self.rate * 65536) == 65536:
+            return jnp.zeros_like(x)
+        keep, keep_prob = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
+
+
+class PlainLayerNorm(nn.Module):
+    """The reference LayerNorm's value in plain jnp: y = (x - mean) / sqrt(var + epsilon) * scale + bias,
+    two-pass float32 statistics, parameters `scale` / `bias` [D] (logical axis `embed`). flax's
+    LayerNorm gradient makes XLA CPU materialise the scale broadcast to [B, L, D] in every layer."""
+
+    epsilon: float
+    dtype: str
+    param_dtype: str
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        """x [..., D] in any float dtype -> [..., D] in `dtype`."""
+        features = x.shape[-1]
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,),
+                           jnp.dtype(self.param_dtype))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (features,),
+                          jnp.dtype(self.param_dtype))
+        x32 = x.astype(jnp.float32)
+        centred = x32 - x32.mean(axis=-1, keepdims=True)
+        variance = (centred * centred).mean(axis=-1, keepdims=True)
+        y = centred * jax.lax.rsqrt(variance + self.epsilon)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(jnp.dtype(self.dtype))
+
+
+def layer_norm(epsilon: float, dtype, param_dtype, name: str | None = None) -> nn.Module:
+    """`PlainLayerNorm` with the reference's signature."""
+    return PlainLayerNorm(epsilon, str(jnp.dtype(dtype)), str(jnp.dtype(param_dtype)), name=name)
+
+
+@jax.custom_vjp
+def nll(logits: Array, labels: Array) -> Array:
+    """float32 logits [..., K], int32 labels [...] -> float32 [...] = logsumexp(logits) - logits[label].
+    The gradient softmax - one_hot is one elementwise pass over [..., K]; autodiff materialises a zero
+    [..., K] buffer, scatters into it and reduces it again."""
+    return _nll_fwd(logits, labels)[0]
+
+
+def _nll_fwd(logits, labels):
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return lse - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0], (logits, labels, lse)
+
+
+def _nll_bwd(residuals, g):
+    logits, labels, lse = residuals
+    one_hot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None]
+    dlogits = (jnp.exp(logits - lse[..., None]) - one_hot.astype(logits.dtype)) * g[..., None]
+    return dlogits, None
+
+
+nll.defvjp(_nll_fwd, _nll_bwd)
+
+
+def is_argmax(logits: Array, labels: Array) -> Array:
+    """bool [...]: labels == argmax(logits, axis=-1), ties to the first index, as the reference. The label
+    is the argmax when no logit is greater than its and no earlier one equals it: one `any` over
+    [..., K] instead of argmax's (value, index) reduction, which XLA CPU runs slowly."""
+    labels = labels.astype(jnp.int32)[..., None]
+    picked = jnp.take_along_axis(logits, labels, axis=-1)
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    beaten = (logits > picked) | ((logits == picked) & (index < labels))
+    return ~jnp.any(beaten, axis=-1)
+
+
+KERNELS = Kernels(name="xla_cpu", gelu=gelu, dot_general=dot_general, tied_logits=tied_logits, dropout=HashedDropout,
+                  layer_norm=layer_norm, nll=nll, is_argmax=is_argmax)

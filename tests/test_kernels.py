@@ -1,0 +1,204 @@
+"""The kernel sets of `bert_jax.kernels`: the switch, and every operation of each set against an
+independent truth (torch for GELU and LayerNorm, numpy argmax, autodiff of the plain formula) in value
+and gradient, float32 and bfloat16; the xla_cpu set against the reference set."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import kernels, losses, modeling
+from bert_jax.kernels import reference, xla_cpu
+
+SETS = ["reference", "xla_cpu"]
+DTYPES = ["float32", "bfloat16"]
+
+
+def _tol(dtype, f32=1e-5, bf16=2e-2):
+    return dict(rtol=f32, atol=f32) if dtype == "float32" else dict(rtol=bf16, atol=bf16)
+
+
+def test_auto_is_xla_cpu_only_when_compiling_for_the_cpu():
+    assert kernels.resolve("auto", "cpu") == "xla_cpu"
+    assert kernels.resolve("auto", "tpu") == kernels.resolve("auto", "gpu") == "reference"
+    assert kernels.resolve("xla_cpu", "tpu") == "xla_cpu" and kernels.resolve("reference", "cpu") == "reference"
+    assert kernels.resolve("auto") == "xla_cpu"  # these tests run on the CPU backend
+    assert kernels.get("auto", "tpu") is reference.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
+    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu'\]"):
+        kernels.resolve("pallas")
+    with pytest.raises(ValueError, match="model.kernels='cuda'"):
+        modeling.BertConfig(kernels="cuda")
+
+
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_and_its_gradient_equal_torch(name, dtype):
+    """Exact GELU over [-8, 8]: value and gradient against torch.nn.functional.gelu in float64; the
+    input's dtype is kept."""
+    import torch
+
+    gelu = kernels.get(name).gelu
+    x64 = np.linspace(-8, 8, 4001)
+    x = jnp.asarray(x64, jnp.dtype(dtype))
+    weight = np.cos(np.arange(x64.size))
+    t = torch.tensor(np.asarray(x.astype(jnp.float32), np.float64), requires_grad=True)
+    ref = torch.nn.functional.gelu(t)
+    ref.backward(torch.tensor(weight))
+    y, grad = jax.value_and_grad(lambda v: jnp.sum(gelu(v).astype(jnp.float32) * jnp.asarray(weight, jnp.float32)))(x)
+    assert gelu(x).dtype == grad.dtype == x.dtype
+    np.testing.assert_allclose(np.asarray(gelu(x), np.float32), ref.detach().numpy(), **_tol(dtype, 1e-6))
+    np.testing.assert_allclose(np.asarray(grad, np.float32), t.grad.numpy(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_and_its_gradients_equal_torch(name, dtype):
+    """Values and input / scale / bias gradients against torch.nn.functional.layer_norm in float64, on
+    rows whose mean is large next to their spread (where a one-pass variance loses digits), eps 1e-12;
+    bfloat16 in gives bfloat16 out."""
+    import torch
+
+    module = kernels.get(name).layer_norm(1e-12, jnp.dtype(dtype), jnp.float32)
+    rng = np.random.default_rng(0)
+    x64 = rng.normal(0.0, 0.5, size=(6, 5, 48)) + rng.normal(0, 8, size=(6, 5, 1))
+    scale64, bias64 = rng.normal(1, 0.1, 48), rng.normal(0, 0.1, 48)
+    cotangent = rng.normal(size=x64.shape)
+    params = {"scale": jnp.asarray(scale64, jnp.float32), "bias": jnp.asarray(bias64, jnp.float32)}
+    x = jnp.asarray(x64, jnp.dtype(dtype))
+    assert jax.tree.map(jnp.shape, nn.unbox(module.init(jax.random.key(0), x))["params"]) == \
+        {"scale": (48,), "bias": (48,)}
+
+    def loss(params, x):
+        y = module.apply({"params": params}, x)
+        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(cotangent, jnp.float32)), y
+
+    (_, y), (dparams, dx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    assert y.dtype == x.dtype and dx.dtype == x.dtype
+    t = torch.tensor(np.asarray(x.astype(jnp.float32), np.float64), requires_grad=True)
+    ts, tb = torch.tensor(scale64, requires_grad=True), torch.tensor(bias64, requires_grad=True)
+    ref = torch.nn.functional.layer_norm(t, (48,), ts, tb, eps=1e-12)
+    ref.backward(torch.tensor(cotangent))
+    np.testing.assert_allclose(np.asarray(y, np.float32), ref.detach().numpy(), **_tol(dtype))
+    np.testing.assert_allclose(np.asarray(dx, np.float32), t.grad.numpy(), **_tol(dtype))
+    grad_tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=5e-2, atol=5e-1)
+    np.testing.assert_allclose(np.asarray(dparams["scale"]), ts.grad.numpy(), **grad_tol)
+    np.testing.assert_allclose(np.asarray(dparams["bias"]), tb.grad.numpy(), **grad_tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_xla_cpu_dense_equals_flax_dense_in_value_and_gradients(dtype):
+    """nn.Dense with xla_cpu.dot_general against nn.Dense with lax.dot_general: value, and the input /
+    kernel / bias gradients, on the feed-forward shape (D_out = 4 D_in)."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(3, 5, 8)), jnp.dtype(dtype))
+    cotangent = jnp.asarray(rng.normal(size=(3, 5, 32)), jnp.float32)
+    ours, plain = nn.Dense(32, dtype=jnp.dtype(dtype), dot_general=xla_cpu.dot_general), nn.Dense(32, dtype=jnp.dtype(dtype))
+    params = plain.init(jax.random.key(0), x)
+    params = jax.tree.map(lambda p: p + jnp.asarray(rng.normal(size=p.shape), p.dtype), params)  # non-zero bias
+
+    def loss(module):
+        return lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32) * cotangent)
+
+    np.testing.assert_allclose(np.asarray(ours.apply(params, x), np.float32),
+                               np.asarray(plain.apply(params, x), np.float32), **_tol(dtype))
+    a, b = (jax.grad(loss(m), argnums=(0, 1))(params, x) for m in (ours, plain))
+    for name, u, v in zip(("kernel", "bias", "x"), (a[0]["params"]["kernel"], a[0]["params"]["bias"], a[1]),
+                          (b[0]["params"]["kernel"], b[0]["params"]["bias"], b[1])):
+        assert u.dtype == v.dtype and u.shape == v.shape, name
+        np.testing.assert_allclose(np.asarray(u, np.float32), np.asarray(v, np.float32), err_msg=name,
+                                   **_tol(dtype, 1e-5, 5e-2))
+    with pytest.raises(ValueError, match="supports only nn.Dense's contraction"):
+        xla_cpu.dot_general(x, jnp.ones((3, 8)), (((0,), (0,)), ((), ())))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_xla_cpu_tied_logits_equal_the_reference_in_value_and_gradients(dtype):
+    """(d x, d table, d bias) of the hand-written backward against autodiff of the reference einsum,
+    under a loss that weights every logit differently."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.dtype(dtype))  # [B, P, D]
+    table = jnp.asarray(rng.normal(size=(37, 16)) * 0.1, jnp.float32)  # [V, D] float32 parameters
+    bias = jnp.asarray(rng.normal(size=(37,)), jnp.float32)
+    weight = jnp.asarray(rng.normal(size=(2, 3, 37)), jnp.float32)
+
+    def grads(fn):
+        return jax.grad(lambda *a: jnp.sum(jnp.sin(fn(*a, jnp.dtype(dtype))) * weight), argnums=(0, 1, 2))(x, table, bias)
+
+    np.testing.assert_allclose(xla_cpu.tied_logits(x, table, bias, jnp.dtype(dtype)),
+                               reference.tied_logits(x, table, bias, jnp.dtype(dtype)), rtol=1e-6)
+    for name, a, b in zip(("x", "table", "bias"), grads(xla_cpu.tied_logits), grads(reference.tied_logits)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name,
+                                   **_tol(dtype, 1e-5, 2e-2))
+
+
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_lm_loss_gradient_equals_autodiff_of_log_softmax(name, dtype):
+    """The masked-LM loss's gradient with each set's nll against autodiff of log_softmax + gather, with
+    weights (zero for padding) and labels at both ends of the vocabulary."""
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(3, 5, 97)) * 3, jnp.dtype(dtype))
+    ids = jnp.asarray(rng.integers(0, 97, size=(3, 5)), jnp.int32).at[0, 0].set(0).at[0, 1].set(96)
+    weights = jnp.asarray(rng.random((3, 5)) > 0.3, jnp.float32)
+
+    def truth(lg):
+        lp = jax.nn.log_softmax(lg.astype(jnp.float32), axis=-1)
+        return jnp.sum(-jnp.take_along_axis(lp, ids[..., None], axis=-1)[..., 0] * weights)
+
+    value, ours = jax.value_and_grad(lambda lg: losses.masked_lm_loss(lg, ids, weights, name)[0])(logits)
+    ref_value, ref = jax.value_and_grad(truth)(logits)
+    assert ours.dtype == ref.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(ref, np.float32), **_tol(dtype, 1e-5, 1e-2))
+    assert float(jnp.abs(ours[weights == 0]).max()) == 0.0  # padding slots get no gradient
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_is_argmax_matches_numpy_argmax_with_ties(name):
+    is_argmax = kernels.get(name).is_argmax
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-2, 3, size=(64, 7)).astype(np.float32)  # few values: most rows tie
+    labels = rng.integers(0, 7, size=64)
+    expected = np.argmax(logits, axis=-1) == labels
+    assert expected.sum() > 5 and (~expected).sum() > 5
+    np.testing.assert_array_equal(np.asarray(is_argmax(jnp.asarray(logits), jnp.asarray(labels))), expected)
+    logits = rng.normal(size=(3, 50)).astype(np.float32)
+    for dtype in (jnp.float32, jnp.bfloat16):  # every label of real-valued rows
+        x = jnp.asarray(logits, dtype)
+        for label in range(50):
+            labels = np.full(3, label)
+            expected = np.argmax(np.asarray(x.astype(jnp.float32)), axis=-1) == labels
+            np.testing.assert_array_equal(np.asarray(is_argmax(x, jnp.asarray(labels))), expected)
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_dropout_rate_scaling_and_independence(name):
+    """Each set's dropout: the keep rate, neighbours and two keys uncorrelated (|r| < 4 / sqrt(n)), inverted
+    scaling (mean kept), identity when deterministic."""
+    dropout = kernels.get(name).dropout(0.1)
+    shape = (8, 4, 128, 128)
+    x = jnp.ones(shape)
+    y = np.asarray(dropout.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
+    keep = (y > 0).astype(np.float64)
+    p = 0.9 if name == "reference" else 1 - 6554 / 65536
+    assert abs(keep.mean() - p) < 4 * np.sqrt(p * (1 - p) / keep.size)
+    np.testing.assert_allclose(np.unique(y), [0.0, 1 / p], rtol=1e-6)
+    other = np.asarray(dropout.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(1)}) > 0, np.float64)
+    centred = keep - keep.mean()
+    pairs = [(centred[..., 1:], centred[..., :-1]), (centred[:, :, 1:], centred[:, :, :-1]),
+             (centred[:, 1:], centred[:, :-1]), (centred[1:], centred[:-1]), (centred, other - other.mean())]
+    for a, b in pairs:
+        r = (a * b).mean() / np.sqrt((a * a).mean() * (b * b).mean())
+        assert abs(r) < 4 / np.sqrt(a.size), r
+    assert dropout.apply({}, x, deterministic=True) is x
+
+
+def test_hashed_keep_mask_rates_for_other_rates_and_shapes():
+    for rate, shape in ((0.5, (4096,)), (0.25, (64, 512))):
+        keep, p = xla_cpu.keep_mask(jax.random.key(3), shape, rate)
+        assert keep.shape == shape and p == 1 - round(rate * 65536) / 65536
+        assert abs(float(np.mean(keep)) - p) < 4 * np.sqrt(p * (1 - p) / np.prod(shape))
+    with pytest.raises(ValueError, match="at least one axis"):
+        xla_cpu.keep_mask(jax.random.key(0), (), 0.1)
