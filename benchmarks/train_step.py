@@ -1,6 +1,7 @@
 """Train-step speed: bert_jax against transformers' PyTorch BertForPreTraining + AdamW, same run.
 
   .venv/bin/python benchmarks/train_step.py [--sizes mini,base] [--rounds 5] [--steps 3] [--malloc default]
+      [--kernels auto,reference] [--ablate]
 
 For each size: sequences/s of our jitted `train_step` (one device using all cores, float32, dropout on,
 sparse MLM at 20 positions) and of the peer (transformers BertForPreTraining in train mode, masked-LM
@@ -15,11 +16,17 @@ for information over jnp.dot's alone; medians over the windows.
 tunables, which keep XLA:CPU's per-step buffer mapped between steps; the default is glibc's own settings,
 the conditions of every figure in README before 2026-11-23. The GLIBC_TUNABLES in effect are printed.
 
-Bars (issue 4): ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
+--kernels runs our side once per `model.kernels` set (bert_jax.kernels; auto = xla_cpu here), each
+against the peer in its own alternating windows. --ablate adds, per xla_cpu kernel, a run of the xla_cpu
+set with that one kernel swapped back to its reference form: a kernel whose removal does not slow the
+step down does not earn its place.
+
+Bars: ratio >= 2 on mini (L=4, H=256, A=4, batch 32, length 128) and >= 1.2 on base (batch 8),
 MFU >= 60% on base.
 """
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import statistics
@@ -33,7 +40,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, host_malloc, modeling, sharding, train  # noqa: E402
+from bert_jax import flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
+from bert_jax.kernels import reference, xla_cpu  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
@@ -156,6 +164,9 @@ def main():
     parser.add_argument("--sizes", default="mini,base")
     parser.add_argument("--rounds", type=int, default=5, help="alternating windows of ours and the peer")
     parser.add_argument("--steps", type=int, default=3, help="steps per window")
+    parser.add_argument("--kernels", default="auto", help="model.kernels sets to run, comma-separated")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also xla_cpu with each kernel in turn swapped back to the reference form")
     parser.add_argument("--malloc", choices=("default", "tuned"), default="default",
                         help="glibc malloc settings for the whole run: glibc's defaults, or bert_jax.host_malloc's")
     args = parser.parse_args()
@@ -163,17 +174,29 @@ def main():
         host_malloc.reexec_tuned("train_step")  # returns when already tuned (or not glibc)
     print(f"{jax.device_count()} JAX device(s), {os.cpu_count()} cores, "
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}")
-    print(f"{'size':<6}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}{'MFU/jnp.dot':>13}"
+    print(f"{'size':<6}{'kernels':<22}{'batch':>6}{'ours seq/s':>12}{'peer seq/s':>12}{'ratio':>8}{'MFU':>7}{'MFU/jnp.dot':>13}"
           f"{'ceiling GFLOP/s':>17}")
+    variants = [(k, None) for k in args.kernels.split(",")]
+    if args.ablate:
+        variants += [("xla_cpu", f.name) for f in dataclasses.fields(kernels.Kernels) if f.name != "name"]
     for name in args.sizes.split(","):
         size, batch_size = SIZES[name]
-        config = pretrain.get_config(size)
-        batch = make_batch(batch_size, config.model.vocab_size)
-        model_flops = flops.train_flops_per_step(modeling.BertConfig.from_dict(config.model), batch_size, LENGTH,
-                                                 PREDICTIONS)
-        ours, peer, ratio, mfu, mfu_jax, ceiling = compare(config, batch, args.rounds, args.steps, model_flops)
-        print(f"{name:<6}{batch_size:>6}{batch_size / ours:>12.2f}{batch_size / peer:>12.2f}{ratio:>7.2f}x"
-              f"{mfu:>7.0%}{mfu_jax:>13.0%}{ceiling / 1e9:>17.1f}", flush=True)
+        for kernel_set, swapped in variants:
+            config = pretrain.get_config(size)
+            config.model.kernels = kernel_set
+            batch = make_batch(batch_size, config.model.vocab_size)
+            model_flops = flops.train_flops_per_step(modeling.BertConfig.from_dict(config.model), batch_size,
+                                                     LENGTH, PREDICTIONS)
+            original = xla_cpu.KERNELS
+            if swapped:  # kernels.get reads xla_cpu.KERNELS at every call
+                xla_cpu.KERNELS = dataclasses.replace(original, **{swapped: getattr(reference.KERNELS, swapped)})
+            try:
+                ours, peer, ratio, mfu, mfu_jax, ceiling = compare(config, batch, args.rounds, args.steps, model_flops)
+            finally:
+                xla_cpu.KERNELS = original
+            label = f"{kernel_set}" + (f" -{swapped}" if swapped else "")
+            print(f"{name:<6}{label:<22}{batch_size:>6}{batch_size / ours:>12.2f}{batch_size / peer:>12.2f}"
+                  f"{ratio:>7.2f}x{mfu:>7.0%}{mfu_jax:>13.0%}{ceiling / 1e9:>17.1f}", flush=True)
 
 
 if __name__ == "__main__":

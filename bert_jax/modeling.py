@@ -56,20 +56,9 @@ _REMAT_POLICIES = {
 }
 
 # bert_config.json fields, in the original's order.
-BERT_CONFIG_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
-)
+BERT_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                      "type_vocab_size", "initializer_range", "layer_norm_eps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +108,12 @@ class BertConfig:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}")
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)}")
+            raise ValueError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads}")
+        for name, known in (("hidden_act", _ACTIVATIONS), ("remat_policy", _REMAT_POLICIES)):
+            if getattr(self, name) not in known:
+                raise ValueError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {sorted(known)}")
         kernels.resolve(self.kernels, "cpu")  # raises on an unknown name
-        if self.remat_policy not in _REMAT_POLICIES:
-            raise ValueError(
-                f"BertConfig.remat_policy={self.remat_policy!r} is not one of {sorted(_REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
             value = getattr(self, name)
             try:
@@ -140,8 +126,7 @@ class BertConfig:
 
     @property
     def head_size(self) -> int:
-        """H = hidden_size // num_attention_heads, the width of one attention head (exact: construction
-        checks that num_attention_heads divides hidden_size)."""
+        """H = hidden_size // num_attention_heads (exact: checked at construction)."""
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
@@ -181,12 +166,7 @@ class BertConfig:
         return {k: getattr(self, k) for k in BERT_CONFIG_FIELDS}
 
     def replace(self, **changes) -> "BertConfig":
-        """A copy with `changes` applied (`dataclasses.replace`), validated again by the constructor.
-
-        Raises:
-          ValueError: a changed value the constructor rejects (see the class).
-          TypeError: a name that is not a BertConfig field.
-        """
+        """A copy with `changes` applied, validated again (raises as the constructor; TypeError: not a field)."""
         return dataclasses.replace(self, **changes)
 
 

@@ -45,7 +45,6 @@ def resolve(name: str, platform: str | None = None) -> str:
 
 
 import dataclasses  # noqa: E402
-import functools  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 
@@ -78,7 +77,6 @@ class Kernels:
     is_argmax: Callable
 
 
-@functools.lru_cache(maxsize=None)
 def get(name: str, platform: str | None = None) -> Kernels:
     """The kernel set `resolve(name, platform)`.
 

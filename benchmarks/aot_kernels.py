@@ -1,0 +1,66 @@
+"""The TPU program with each kernel set, side by side: `bert_jax.aot`'s train step compiled ahead of time
+(libtpu, no TPU needed) with `model.kernels` = reference and = xla_cpu, per phase.
+
+  .venv/bin/python benchmarks/aot_kernels.py [--runs base:v4-32,base:v5e-16,large:v4-128] [--dtype bfloat16]
+
+Prints, per run and phase, for each kernel set: HBM bytes accessed per device and step (XLA's cost
+analysis, "bytes accessed"), temporary memory per device, FLOPs per device and step, and the ratio
+xla_cpu / reference. No Pallas kernel is involved, so the cost analysis counts every FLOP. `auto`
+resolves to reference on a TPU target (bert_jax.kernels.resolve); it must be the set that is not worse.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from bert_jax import aot, kernels, train  # noqa: E402
+from configs import pretrain  # noqa: E402
+
+SETS = ("reference", "xla_cpu")
+
+
+def measure(size: str, topology: str, kernel_set: str, dtype: str) -> list[dict]:
+    """Compiles every phase of `configs/pretrain.py:<size>` for `topology` -> per phase: bytes accessed,
+    temporary bytes, FLOPs (per device and step)."""
+    config = pretrain.get_config(size)
+    config.model.dtype, config.model.kernels = dtype, kernel_set
+    devices = aot.TOPOLOGIES[topology].devices()
+    rows = []
+    for phase in train.resolve_phases(config):
+        compiled, _ = aot.compile_phase(config, devices, phase)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        rows.append({"phase": phase.index, "length": phase.max_seq_length, "batch": phase.batch_size,
+                     "bytes": float(cost.get("bytes accessed", 0.0)), "flops": float(cost.get("flops", 0.0)),
+                     "temp": float(compiled.memory_analysis().temp_size_in_bytes)})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="base:v4-32,base:v5e-16,large:v4-128", help="size:topology, comma-separated")
+    parser.add_argument("--dtype", default="bfloat16", help="model compute dtype")
+    args = parser.parse_args()
+    print(f"auto on a TPU target = {kernels.resolve('auto', 'tpu')}; compute dtype {args.dtype}")
+    print(f"{'run':<16} {'phase':<14} {'kernels':<10} {'HBM bytes/step':>15} {'temp GiB':>9} {'TFLOPs/step':>12}")
+    for run in args.runs.split(","):
+        size, topology = run.split(":")
+        results = {k: measure(size, topology, k, args.dtype) for k in SETS}
+        for i, ref in enumerate(results["reference"]):
+            cpu = results["xla_cpu"][i]
+            label = f"{ref['phase']} ({ref['length']}x{ref['batch']})"
+            for name, row in (("reference", ref), ("xla_cpu", cpu)):
+                print(f"{run:<16} {label:<14} {name:<10} {row['bytes'] / 1e9:13.2f} GB {row['temp'] / 2**30:9.2f} "
+                      f"{row['flops'] / 1e12:12.3f}")
+            print(f"{run:<16} {label:<14} {'ratio':<10} {cpu['bytes'] / ref['bytes']:15.3f} "
+                  f"{cpu['temp'] / ref['temp']:9.3f} {cpu['flops'] / ref['flops']:12.3f}   (xla_cpu / reference)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
