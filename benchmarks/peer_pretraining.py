@@ -8,7 +8,7 @@ directories that `bert_jax.convert.from_hf` and bert_jax's fine-tuning jobs load
       [--max_steps N] [--export_steps 2000,4000] [--log_every N] [--threads N]
 
 Taken from bert_jax itself, not re-derived: the config checks (`train.validate` on a one-device mesh),
-the phases' step ranges (`train.resolve_phases`), each phase's batches (`train._iterator`: the same
+the phases' step ranges (`train.resolve_phases`), each phase's batches (`train.iterator`: the same
 grain pipeline, seed and order, so step s trains on the rows bert_jax's step s trains on), the MLM bias
 init (`train.initial_mlm_bias`) and the learning rate of every step (`optim.learning_rate_schedule`,
 evaluated once for all steps; 0 at step 0, peak at warmup_steps, 0 at total_steps).
@@ -138,7 +138,7 @@ def batch_losses(model, batch: dict[str, Any], mlm_count: float, nsp_count: floa
 
 def train_step(model, optimizer, batch: dict[str, Any], *, learning_rate: float, max_grad_norm: float,
                grad_accum_steps: int = 1, step: int = 0) -> dict[str, float]:
-    """One optimizer step as `bert_jax.train.train_step`: the batch (torch tensors as `batch_losses`,
+    """One optimizer step as `bert_jax.engine.train_step`: the batch (torch tensors as `batch_losses`,
     B rows) in grad_accum_steps micro-batches (rows i, i + k, ...) normalised by the whole batch's counts,
     gradients summed, clipped to global norm max_grad_norm (0: no clipping), one AdamW update at
     `learning_rate`.
@@ -298,7 +298,7 @@ def pretrain_peer(config, out_dir: str, vocab_file: str, *, max_steps: int | Non
             if step >= final_step:
                 break
             finals.append({})
-            iterator = train._iterator(phase, config, None)  # bert_jax's batches, seed and order
+            iterator = train.iterator(phase, config, None)  # bert_jax's batches, seed and order
             try:
                 window_start, window_steps, untimed = time.perf_counter(), 0, 0.0
                 while step < min(phase.end, final_step):

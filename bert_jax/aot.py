@@ -3,8 +3,9 @@
   pip install 'libtpu==0.0.42.*'   # the version jax 0.10.2 pairs with; no TPU needed
   python -m bert_jax.aot --config configs/pretrain.py:base --topology v3-32
 
-Lowers and compiles `train.train_step` with the run's real shardings for every phase through
-`jax.experimental.topologies` and prints, per phase: per-device memory (arguments, temporaries,
+Lowers and compiles, for every phase, the very train step `bert_jax.train` runs (`train.build`: the
+same jitted function, shardings, donation and grad_accum_steps) on the topology's compile-only devices
+from `jax.experimental.topologies`, and prints, per phase: per-device memory (arguments, temporaries,
 outputs, total against the chip's HBM), FLOPs per step from the compiled program, the analytic model
 FLOPs (`bert_jax.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
 device. Exit status 1 when a phase does not fit in HBM.
@@ -18,7 +19,6 @@ with libtpu's `chip_config_name="megacore"`); a v5e chip has one core. v3 core 6
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import sys
 
@@ -28,7 +28,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import checkpointing, flops, kernels, sharding, train  # noqa: E402
+from bert_jax import checkpointing, engine, flops, kernels, sharding, train  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,41 +72,46 @@ TOPOLOGIES = {
 }
 
 
-def compile_phase(config, devices, phase: train.Phase, mesh_shape: tuple[int, int, int]):
-    """Compiles train_step for one phase on `devices` -> (compiled, mesh).
+def lower_phase(config, devices, phase: train.Phase) -> tuple[jax.stages.Lowered, jax.sharding.Mesh]:
+    """Lowers the train step of `train.build` for one phase on `devices` -> (lowered, mesh).
+
+    The program is the one `train` runs on these devices: the mesh of config.mesh (`engine.make_mesh`,
+    presets included) over `devices`, the same jitted step with its shardings, donation and
+    config.grad_accum_steps; only `config.model.kernels` is resolved for the devices' platform (the
+    target's kernels, not the host's).
 
     Args:
-      config: the pre-training config (model, optimizer, seed).
-      devices: the devices to compile for (e.g. a topology's compile-only devices).
+      config: the pre-training config (model, optimizer, mesh, grad_accum_steps, seed).
+      devices: the devices to compile for (a topology's compile-only devices, or e.g. `jax.devices()`).
       phase: gives the batch: input_ids, token_type_ids, attention_mask int32 [batch_size, max_seq_length];
         masked_lm_positions, masked_lm_ids int32 and masked_lm_weights float32 [batch_size,
         max_predictions_per_seq]; next_sentence_labels int32 [batch_size].
-      mesh_shape: (data, fsdp, tensor) sizes whose product is len(devices).
 
     Raises:
-      ValueError: a mesh_shape that does not fit `devices`, a bad model config, a parameter or
-        optimizer-state dimension the mesh does not divide (`sharding.check_divisible`), or a batch
-        size not divisible by data * fsdp (jax's `IndivisibleError`, when lowering).
+      ValueError: a mesh that does not fit `devices`, a bad model config, a parameter or optimizer-state
+        dimension the mesh does not divide (`sharding.check_divisible`), or a batch size not divisible by
+        data * fsdp (jax's `IndivisibleError`, when lowering).
     """
-    mesh = sharding.make_mesh(*mesh_shape, devices=devices)
     config = config.copy_and_resolve_references()
     config.model.kernels = kernels.resolve(config.model.kernels, devices[0].platform)  # the target's, not the host's
-    model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
-    sharding.check_divisible(abstract, shardings)
-    abstract = checkpointing.abstract_like(abstract, shardings)
+    mesh = engine.make_mesh(config.mesh, devices)
+    program = train.build(config, mesh)
+    state = checkpointing.abstract_like(program.abstract, program.shardings)
     b, length, p = phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
     shapes = {"input_ids": (b, length), "token_type_ids": (b, length), "attention_mask": (b, length),
               "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),
               "next_sentence_labels": (b,)}
     batch = {k: jax.ShapeDtypeStruct(s, jnp.float32 if k == "masked_lm_weights" else jnp.int32,
                                      sharding=sharding.batch_sharding(mesh, len(s))) for k, s in shapes.items()}
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule),
-                   out_shardings=(shardings, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
-                   donate_argnums=(0,))
     with jax.set_mesh(mesh):
-        return step.lower(abstract, batch).compile(), mesh
+        return program.train_step.lower(state, batch), mesh
+
+
+def compile_phase(config, devices, phase: train.Phase):
+    """`lower_phase`, compiled -> (compiled, mesh); raises as `lower_phase`."""
+    lowered, mesh = lower_phase(config, devices, phase)
+    with jax.set_mesh(mesh):
+        return lowered.compile(), mesh
 
 
 def report(config, topology_name: str) -> bool:
@@ -129,14 +134,14 @@ def report(config, topology_name: str) -> bool:
     else:
         sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     devices = chip.devices()
-    mesh_shape = sharding.mesh_shape(*sizes, len(devices))
+    mesh_shape = sharding.mesh_shape(*sizes, len(devices))  # the shape engine.make_mesh gives these devices
     phases = train.resolve_phases(config)
     bert = train.create_model(config).config
     print(f"{topology_name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
-          f"model dtype {bert.dtype}")
+          f"model dtype {bert.dtype}, grad_accum_steps {config.grad_accum_steps}")
     fits, total_seconds = True, 0.0
     for phase in phases:
-        compiled, _ = compile_phase(config, devices, phase, mesh_shape)
+        compiled, _ = compile_phase(config, devices, phase)
         mem = compiled.memory_analysis()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost

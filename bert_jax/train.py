@@ -3,10 +3,12 @@
   python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
 
-Design: the state is built sharded without ever existing unsharded
-(`jax.eval_shape` -> logical partition specs -> `jax.jit(init, out_shardings=...)`); `train_step` is a
-pure module-level function compiled once per phase with `in_shardings`, `out_shardings` and
-`donate_argnums`; dropout keys are `fold_in(rng, step)`, so a resumed run draws the same masks.
+Design: `bert_jax.engine` is the machinery (mesh, optimizer, sharded state, step, timer); this module
+binds the pre-training loss to it. `build` gives the `Program` a run compiles (`aot` lowers the same
+one): the state built sharded without ever existing unsharded, and `engine.train_step` with
+`loss_and_metrics` under one jit with `in_shardings`, `out_shardings` and `donate_argnums`, compiled
+once per phase; dropout keys are `fold_in(rng, step)`, so a resumed run draws the same masks. The
+loop (`_train`) is a few named steps of `_Run`: next phase, train step, log, evaluate, save.
 
 Phases (paper, appendix A.2): `config.phases` splits `total_steps` by `fraction`; the learning-rate
 schedule and optimizer state run on across the switch, a checkpoint is written at the switch, and
@@ -25,39 +27,23 @@ import json
 import math
 import signal
 import sys
-import time
 from typing import Any, Callable
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, distributed, flops, losses, modeling, optim, sharding, storage, summaries
+from bert_jax import checkpointing, distributed, engine, flops, losses, modeling, sharding, storage, summaries
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                 "masked_lm_weights", "next_sentence_labels")
 
 
-@flax.struct.dataclass
-class TrainState:
-    """Everything a step changes.
-
-    Attributes:
-      step: int32 scalar, optimizer steps taken.
-      params: the BertForPreTraining parameter tree (float32 unless param_dtype says otherwise).
-      opt_state: optax state (AdamW moments, schedule count).
-      rng: uint32 [2] base PRNG key; the dropout key of step s is fold_in(rng, s).
-    """
-
-    step: jax.Array
-    params: Any
-    opt_state: Any
-    rng: jax.Array
+TrainState = engine.TrainState
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -102,11 +88,9 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-    """The mesh of `config.mesh` (a preset, or data/fsdp/tensor sizes over the first num_devices)."""
-    devices = sharding.select_devices(config.mesh.get("num_devices") or 0)
-    if config.mesh.preset:
-        return sharding.preset_mesh(config.mesh.preset, devices)
-    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+    """The mesh of `config.mesh` (`engine.make_mesh`: a preset, or data/fsdp/tensor sizes over the first
+    num_devices)."""
+    return engine.make_mesh(config.mesh)
 
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
@@ -174,33 +158,26 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
 
 
 def create_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraining:
+    """The config's `BertForPreTraining` (raises ValueError on a bad config.model, from `BertConfig`)."""
     return modeling.BertForPreTraining(modeling.BertConfig.from_dict(config.model))
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The config's optimizer; accumulation happens inside `train_step`, so one update per step."""
-    return optim.create_optimizer(
-        learning_rate=config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.total_steps,
-        optimizer=config.optimizer, weight_decay=config.weight_decay, b1=config.adam_b1, b2=config.adam_b2,
-        eps=config.adam_eps, max_grad_norm=config.max_grad_norm)
+    """The config's optimizer and schedule over config.total_steps (`engine.create_optimizer`); ValueError
+    for an unknown config.optimizer or a bad schedule."""
+    return engine.create_optimizer(config)
 
 
-def _init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, boxed: bool) -> TrainState:
-    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+def _state_init(model: nn.Module, tx: optax.GradientTransformation, seed: int):
+    """`engine.state_init` of the pre-training model (dummy int32 [1, 8] ids, 2 masked positions)."""
     ids = jnp.zeros((1, 8), jnp.int32)
-    variables = model.init({"params": params_rng}, ids, masked_lm_positions=ids[:, :2])
-    params = variables["params"]
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng)
-    return state if boxed else nn.unbox(state)
+    return engine.state_init(model, tx, seed, ids, masked_lm_positions=ids[:, :2])
 
 
 def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                     seed: int = 0) -> tuple[Any, Any]:
     """(abstract unboxed TrainState, tree of NamedShardings) from the logical axis names, no allocation."""
-    boxed = jax.eval_shape(functools.partial(_init_state, model, tx, seed, True))
-    specs = nn.get_partition_spec(boxed)
-    shardings = sharding.logical_sharding(specs, mesh)
-    return jax.eval_shape(functools.partial(_init_state, model, tx, seed, False)), shardings
+    return engine.state_shardings(_state_init(model, tx, seed), mesh)
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
@@ -210,8 +187,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
     replaces the zero-initialised MLM output bias."""
     if shardings is None:
         _, shardings = state_shardings(model, tx, mesh, seed)
-    with jax.set_mesh(mesh):
-        state = jax.jit(functools.partial(_init_state, model, tx, seed, False), out_shardings=shardings)()
+    state = engine.create_state(_state_init(model, tx, seed), mesh, shardings)
     if mlm_bias is not None:
         bias_sharding = shardings.params["mlm_output_bias"]
         bias = jax.make_array_from_callback(mlm_bias.shape, bias_sharding, lambda index: mlm_bias[index])
@@ -230,88 +206,80 @@ def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:
     return pretraining.masked_token_log_prior(config.phases[0].data_dir, config.model.vocab_size)
 
 
-def _loss_and_metrics(params, model: nn.Module, batch: Batch, dropout_rng, deterministic: bool, denominators=None):
+def loss_and_metrics(params: Any, batch: Batch, dropout_rng: jax.Array, denominators=None, *, model: nn.Module,
+                     deterministic: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The `engine.LossFn` of pre-training: `model` on the batch's standard fields (BATCH_FIELDS, global
+    [B, ...]) -> `losses.pretraining_loss` (float32 scalar loss = mean MLM + mean NSP, and its metrics),
+    normalised by `denominators` (`loss_denominators` of a whole batch this is a micro-batch of) if given."""
     out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                       batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
     return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators, kernels=model.config.kernels)
 
 
-def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step (pure). batch: the standard fields, global [B, ...] arrays.
-
-    With grad_accum_steps = k > 1 the batch is split into k micro-batches of B / k rows (rows i, i + k,
-    ... form micro-batch i, so that no rows move between devices), run one after
-    the other (`lax.scan`, so activations of one micro-batch at a time). Each micro-batch's losses are
-    normalised by the whole batch's prediction and sequence counts, so the summed gradient and metrics
-    equal those of the whole batch at once (dropout aside), even when the micro-batches hold different
-    numbers of masked positions. One optimizer (and schedule) step per call whatever k.
-
-    Returns the new state and float32 scalar metrics: loss, mlm_loss, mlm_accuracy, nsp_loss,
-    nsp_accuracy, num_predictions, grad_norm, learning_rate.
-    """
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
-    grad_fn = jax.value_and_grad(_loss_and_metrics, has_aux=True)
-    with sharding.axis_rules():
-        if grad_accum_steps == 1:
-            (loss, metrics), grads = grad_fn(state.params, model, batch, dropout_rng, False)
-        else:
-            denominators = (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-                            jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32))
-            # Micro-batch i holds rows i, i + k, i + 2k, ...: every device keeps its own rows (a contiguous
-            # split would put each micro-batch on 1/k of the batch shards and gather it there).
-            micro = jax.tree_util.tree_map(
-                lambda x: x.reshape((x.shape[0] // grad_accum_steps, grad_accum_steps) + x.shape[1:]).swapaxes(0, 1),
-                batch)
-
-            def accumulate(carry, inputs):
-                i, micro_batch = inputs
-                (loss, metrics), grads = grad_fn(state.params, model, micro_batch,
-                                                 jax.random.fold_in(dropout_rng, i), False, denominators)
-                return jax.tree_util.tree_map(jnp.add, carry, (grads, dict(metrics, loss=loss))), None
-
-            zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-            shapes = jax.eval_shape(lambda: grad_fn(state.params, model, jax.tree_util.tree_map(lambda x: x[0], micro),
-                                                    dropout_rng, False, denominators))
-            zero_metrics = {k: jnp.zeros((), jnp.float32) for k in dict(shapes[0][1], loss=None)}
-            (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics),
-                                               (jnp.arange(grad_accum_steps), micro))
-            loss = metrics.pop("loss")
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optim.global_norm(grads), learning_rate=schedule(state.step))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+def loss_denominators(batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """(sum of masked_lm_weights, number of sequences), float32 scalars: the whole batch's normalisers
+    under gradient accumulation, so k micro-batches add up to the whole batch even when they hold
+    different numbers of masked positions."""
+    return (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
+            jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32))
 
 
 def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
     """Deterministic forward pass -> the metrics of `losses.pretraining_loss` (float32 scalars)."""
     with sharding.axis_rules():
-        loss, metrics = _loss_and_metrics(params, model, batch, jax.random.PRNGKey(0), True)
+        loss, metrics = loss_and_metrics(params, batch, jax.random.PRNGKey(0), model=model, deterministic=True)
     return dict(metrics, loss=loss)
 
 
 def compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps: int = 1) -> tuple[Callable, Callable]:
-    """(train_step, eval_step) jitted with explicit shardings; the state's buffers are donated."""
-    batch_shardings = {k: sharding.batch_sharding(mesh, 1 if k == "next_sentence_labels" else 2) for k in BATCH_FIELDS}
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                                     grad_accum_steps=grad_accum_steps),
-                   in_shardings=(shardings, batch_shardings), out_shardings=(shardings, replicated),
-                   donate_argnums=(0,))
-    evaluate = jax.jit(functools.partial(eval_step, model=model),
-                       in_shardings=(shardings.params, batch_shardings), out_shardings=replicated)
+    """(train_step, eval_step) jitted with explicit shardings (`engine.jit_train_step`, the state donated).
+
+    The train step is `engine.train_step` with `loss_and_metrics` and `loss_denominators`: one optimizer
+    step over the batch's grad_accum_steps micro-batches. Metrics (float32 scalars): loss, mlm_loss,
+    mlm_accuracy, nsp_loss, nsp_accuracy, num_predictions, grad_norm, learning_rate.
+    """
+    ranks = {k: 1 if k == "next_sentence_labels" else 2 for k in BATCH_FIELDS}
+    step = engine.jit_train_step(functools.partial(loss_and_metrics, model=model), tx, schedule, mesh, shardings,
+                                 ranks, grad_accum_steps=grad_accum_steps, denominators=loss_denominators)
+    evaluate = engine.jit_eval_step(functools.partial(eval_step, model=model), mesh, shardings.params, ranks)
     return step, evaluate
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """What a pre-training run compiles on its mesh: the model, optimizer and schedule, the state's
+    abstract tree (ShapeDtypeStructs) and NamedShardings, and the jitted `train_step` / `eval_step` of
+    `compile_steps` (with config.grad_accum_steps). `aot` lowers this same `train_step`."""
+
+    model: modeling.BertForPreTraining
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    abstract: TrainState
+    shardings: Any
+    train_step: Callable
+    eval_step: Callable
+
+
+def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program:
+    """The `Program` of `config` on `mesh`; nothing is allocated or compiled.
+
+    Raises:
+      ValueError: a bad model config, or a parameter / optimizer-state dimension the mesh does not
+        divide (`sharding.check_divisible`, one line naming the array).
+    """
+    model = create_model(config)
+    tx, schedule = create_optimizer(config)
+    abstract, shardings = state_shardings(model, tx, mesh, config.seed)
+    sharding.check_divisible(abstract, shardings)
+    step, evaluate = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
+    return Program(model, tx, schedule, abstract, shardings, step, evaluate)
 
 
 def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh,
                  fields: tuple[str, ...] = BATCH_FIELDS) -> Batch:
-    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp), for the keys `fields`."""
-    out = {}
-    for k in fields:
-        x = local[k]
-        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
-        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x, global_shape)
-    return out
+    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp), for the keys `fields`
+    (`engine.global_batch`)."""
+    return engine.global_batch(local, mesh, fields)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -343,7 +311,9 @@ class _Preemption:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
 
 
-def _iterator(phase: Phase, config, state: dict | None):
+def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None):
+    """The checkpointable iterator of `phase`'s batches (this process's rows of global batch_size; seed
+    config.seed + 1000 * phase index), positioned at `state` (its `get_state()`) when given."""
     from bert_jax.data import pipeline
 
     it = pipeline.make_pretraining_iterator(
@@ -382,114 +352,133 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
     mesh = make_mesh(config)
     phases = validate(config, mesh)
-    model = create_model(config)
-    tx, schedule = create_optimizer(config)
-    bert_config = model.config
-    abstract, shardings = state_shardings(model, tx, mesh, config.seed)
-    sharding.check_divisible(abstract, shardings)
-    is_main = jax.process_index() == 0
-    checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
-                                              max_to_keep=config.keep_checkpoints)
-    latest, state, data_state = checkpointer.restore_newest_readable(checkpointing.abstract_like(abstract, shardings))
-    if latest is None:
-        state, _ = create_train_state(model, tx, mesh, config.seed, shardings, initial_mlm_bias(config))
-    else:
-        if is_main:
-            print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
-    step_fn, eval_fn = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
-    writer = summaries.open_writer(workdir, is_main)
-    final_step = min(config.total_steps, max_steps or config.total_steps)
-    start_step = int(jax.device_get(state.step))
-    config_json = json.loads(config.to_json())
-    # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
-    peak_flops = (config.peak_tflops_per_device * 1e12
-                  or flops.peak_flops_per_device(mesh.devices.flat[0].device_kind))
-
-    saved = {latest}
-
-    def save(step, phase, iterator):
-        if step not in saved:
-            checkpointer.save(step, state, {"phase": phase.index, "iterator": iterator.get_state()}, config_json)
-            saved.add(step)
-
-    metrics_out: dict[str, float] = {}
-    phase = _phase_at(phases, start_step)
-    iterator = _iterator(phase, config, data_state["iterator"] if data_state and data_state["phase"] == phase.index
-                         else None)
-    progress = summaries.progress_bar(start_step, final_step, is_main, "pre-training")
-    pending: tuple[int, dict] | None = None  # the previous step's metrics, checked one step late
-    window_start, window_steps = time.perf_counter(), 0
-    compiling_step = start_step + 1  # a step that includes compilation, timed out of the throughput
-
-    def untimed(work):  # waits for the steps so far (their time stays in), then keeps work()'s time out
-        nonlocal window_start
-        jax.block_until_ready(state)
-        began = time.perf_counter()
-        result = work()
-        window_start += time.perf_counter() - began
-        return result
-
-    step = start_step
+    run = _Run(config, workdir, mesh, phases, build(config, mesh), max_steps)
     try:
         with jax.set_mesh(mesh):
-            while step < final_step:
-                if step == phase.end:  # phase switch: checkpoint, then the next phase's data
-                    _check_finite(pending)
-                    untimed(lambda: save(step, phase, iterator))
-                    phase = phases[phase.index + 1]
-                    iterator.close()
-                    iterator = _iterator(phase, config, None)
-                    compiling_step = step + 1  # new shapes: the step compiles again
-                batch = global_batch(next(iterator), mesh)
-                state, metrics = step_fn(state, batch)
-                _check_finite(pending)
-                pending = (step, metrics)
-                step += 1
-                window_steps += 1
-                progress.update(1)
-                if step == compiling_step and step % config.log_every and step != final_step:
-                    # The first step of a process or of a phase includes compilation: time from here.
-                    jax.block_until_ready(state)
-                    window_start, window_steps = time.perf_counter(), 0
-                if step % config.log_every == 0 or step == final_step:
-                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    _check_finite((step - 1, values))
-                    elapsed = time.perf_counter() - window_start
-                    seqs = window_steps * phase.batch_size / elapsed
-                    values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
-                    if peak_flops:
-                        model_flops = flops.train_flops_per_step(bert_config, phase.batch_size, phase.max_seq_length,
-                                                                 phase.max_predictions_per_seq)
-                        values["mfu"] = model_flops * window_steps / elapsed / (peak_flops * mesh.devices.size)
-                    metrics_out = dict(values, step=step, phase=phase.index)
-                    summaries.write_scalars(writer, step, values, "train")
-                    progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
-                                         nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
-                    window_start, window_steps = time.perf_counter(), 0
-                if config.eval_data_dir and (step % config.eval_every == 0 or step == final_step):
-                    values = untimed(lambda: _evaluate(eval_fn, state.params, config, phase, mesh))
-                    summaries.write_scalars(writer, step, values, "eval")
-                # One process alone may have seen SIGTERM: on several hosts, Orbax's preemption sync (the
-                # JAX coordination service) makes all of them agree on the step.
-                preempted = preemption.requested if jax.process_count() == 1 else \
-                    checkpointer.manager.reached_preemption(step)
-                if preempted or step % config.checkpoint_every == 0 or step == final_step:
-                    _check_finite(pending)
-                    untimed(lambda: save(step, phase, iterator))
-                    if preempted:
-                        print(f"SIGTERM: checkpoint saved at step {step}, exiting", file=sys.stderr, flush=True)
-                        break
+            while run.step < run.final_step:
+                if run.step == run.phase.end:
+                    run.next_phase()
+                metrics = run.train_step()
+                if run.step % config.log_every == 0 or run.step == run.final_step:
+                    run.log(metrics)
+                if config.eval_data_dir and (run.step % config.eval_every == 0 or run.step == run.final_step):
+                    run.evaluate()
+                preempted = run.preempted(preemption)
+                if preempted or run.step % config.checkpoint_every == 0 or run.step == run.final_step:
+                    run.save()
+                if preempted:
+                    print(f"SIGTERM: checkpoint saved at step {run.step}, exiting", file=sys.stderr, flush=True)
+                    break
     finally:
-        progress.close()
-        iterator.close()
-        checkpointer.close()
-        if writer is not None:
-            writer.close()
-    metrics_out["step"] = step  # where the run stopped (the metrics are those of the last log)
-    return metrics_out
+        run.close()
+    return dict(run.logged, step=run.step)  # the metrics of the last log, and where the run stopped
+
+
+class _Run:
+    """One pre-training run's moving parts: state (restored or fresh), phase and its data iterator,
+    checkpointer, summaries, timer, and the previous step's metrics, checked for non-finite values one
+    step late (so the next step is dispatched first) and always before a checkpoint."""
+
+    def __init__(self, config, workdir: str, mesh, phases: list[Phase], program: Program, max_steps: int | None):
+        self.config, self.mesh, self.phases, self.program = config, mesh, phases, program
+        self.is_main = jax.process_index() == 0
+        self.checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
+                                                       max_to_keep=config.keep_checkpoints)
+        latest, state, data_state = self.checkpointer.restore_newest_readable(
+            checkpointing.abstract_like(program.abstract, program.shardings))
+        if latest is None:
+            state, _ = create_train_state(program.model, program.tx, mesh, config.seed, program.shardings,
+                                          initial_mlm_bias(config))
+        elif self.is_main:
+            print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
+        self.state, self.saved = state, {latest}
+        self.step = int(jax.device_get(state.step))
+        self.final_step = min(config.total_steps, max_steps or config.total_steps)
+        self.phase = _phase_at(phases, self.step)
+        resume = data_state["iterator"] if data_state and data_state["phase"] == self.phase.index else None
+        self.iterator = iterator(self.phase, config, resume)
+        self.writer = summaries.open_writer(workdir, self.is_main)
+        self.progress = summaries.progress_bar(self.step, self.final_step, self.is_main, "pre-training")
+        self.config_json = json.loads(config.to_json())
+        # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
+        self.peak_flops = (config.peak_tflops_per_device * 1e12
+                           or flops.peak_flops_per_device(mesh.devices.flat[0].device_kind))
+        self.timer = engine.Chrono()
+        self.compiling_step = self.step + 1  # a step that includes compilation, timed out of the throughput
+        self.pending: tuple[int, dict] | None = None  # the previous step's metrics, not yet checked
+        self.logged: dict[str, float] = {}
+
+    def next_phase(self) -> None:
+        """At a phase switch: a checkpoint, then the next phase's data (new shapes: the step compiles)."""
+        self.save()
+        self.phase = self.phases[self.phase.index + 1]
+        self.iterator.close()
+        self.iterator = iterator(self.phase, self.config, None)
+        self.compiling_step = self.step + 1
+
+    def train_step(self) -> dict[str, jax.Array]:
+        """Dispatches one step, then checks the previous one's metrics; returns this step's (on device)."""
+        self.state, metrics = self.program.train_step(self.state, global_batch(next(self.iterator), self.mesh))
+        _check_finite(self.pending)
+        self.pending = (self.step, metrics)
+        self.step += 1
+        self.timer.tick()
+        self.progress.update(1)
+        if self.step == self.compiling_step and self.step % self.config.log_every and self.step != self.final_step:
+            self.timer.restart(wait_for=self.state)  # the first step of a process or phase compiled: time from here
+        return metrics
+
+    def log(self, metrics: dict[str, jax.Array]) -> None:
+        """Writes the step's metrics with the window's throughput (sequences, tokens, MFU) as "train"."""
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        _check_finite((self.step - 1, values))
+        lap, phase = self.timer.lap(), self.phase
+        seqs = lap.examples_per_second(phase.batch_size)
+        values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
+        if self.peak_flops:
+            model_flops = flops.train_flops_per_step(self.program.model.config, phase.batch_size,
+                                                     phase.max_seq_length, phase.max_predictions_per_seq)
+            values["mfu"] = model_flops * lap.steps / lap.seconds / (self.peak_flops * self.mesh.devices.size)
+        self.logged = dict(values, step=self.step, phase=phase.index)
+        summaries.write_scalars(self.writer, self.step, values, "train")
+        self.progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
+                                  nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
+
+    def evaluate(self) -> None:
+        """The held-out metrics of config.eval_data_dir as "eval", out of the timed window."""
+        with self.timer.paused(wait_for=self.state):
+            values = _evaluate(self.program.eval_step, self.state.params, self.config, self.phase, self.mesh)
+        summaries.write_scalars(self.writer, self.step, values, "eval")
+
+    def preempted(self, preemption: _Preemption) -> bool:
+        """SIGTERM seen. One process alone may have seen it: on several hosts, Orbax's preemption sync (the
+        JAX coordination service) makes all of them agree on the step."""
+        if jax.process_count() == 1:
+            return preemption.requested
+        return self.checkpointer.manager.reached_preemption(self.step)
+
+    def save(self) -> None:
+        """Checkpoints the state, phase and data position at the current step (once per step), after
+        checking the last step's metrics, out of the timed window."""
+        _check_finite(self.pending)
+        if self.step in self.saved:
+            return
+        with self.timer.paused(wait_for=self.state):
+            self.checkpointer.save(self.step, self.state,
+                                   {"phase": self.phase.index, "iterator": self.iterator.get_state()},
+                                   self.config_json)
+        self.saved.add(self.step)
+
+    def close(self) -> None:
+        self.progress.close()
+        self.iterator.close()
+        self.checkpointer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _check_finite(pending: tuple[int, dict] | None) -> None:
+    """FloatingPointError naming the step when its loss or gradient norm is not finite."""
     if pending is None:
         return
     step, metrics = pending

@@ -17,7 +17,7 @@ def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    assert "v3-8: 8 devices, mesh {'data': 8, 'fsdp': 1, 'tensor': 1}" in out
+    assert "v3-8: 8 devices, mesh {'data': 8, 'fsdp': 1, 'tensor': 1}" in out and ", grad_accum_steps 1" in out
     lines = [line for line in out.splitlines() if line.strip().startswith("phase")]
     assert len(lines) == 2 and all("(fits)" in line for line in lines)
     # Compiled FLOPs agree with the analytic count.

@@ -43,7 +43,7 @@ def test_peer_runs_bert_jax_phases_batches_schedule_and_eval(instances, tmp_path
     assert [(f["phase"], f["step"]) for f in summary["final"]] == [(0, phases[0].end), (1, phases[1].end)]
     tokens = 0
     for p in phases:  # bert_jax's own batches of each phase
-        it = train._iterator(p, config, None)
+        it = train.iterator(p, config, None)
         tokens += sum(int(next(it)["attention_mask"].sum()) for _ in range(p.end - p.start))
         it.close()
     assert summary["steps"] == 6 and summary["sequences"] == 48 and summary["tokens"] == tokens
@@ -57,7 +57,7 @@ def test_peer_loss_is_bert_jax_loss_and_accumulation_is_one_batch(instances, tmp
 
     config = _config(instances)
     model = peer_pretraining.build_model(config).eval()  # dropout off: the two sides must agree
-    it = train._iterator(train.resolve_phases(config)[1], config, None)
+    it = train.iterator(train.resolve_phases(config)[1], config, None)
     local = next(it)
     it.close()
     batch = peer_pretraining.to_torch(local)

@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+import flax.linen as nn
 from flax import traverse_util
 
 from bert_jax import checkpointing, flops, optim, sharding, summaries, train
@@ -41,7 +42,7 @@ def _run_steps(config, mesh, num_steps):
     state, shardings = train.create_train_state(model, tx, mesh, config.seed)
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
     phase = train.resolve_phases(config)[0]
-    it = train._iterator(phase, config, None)
+    it = train.iterator(phase, config, None)
     losses = []
     with jax.set_mesh(mesh):
         for _ in range(num_steps):
@@ -233,7 +234,7 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
     config = _config(instances, warmup_steps=0, weight_decay=0.01, learning_rate=1e-3)
     model = train.create_model(config)
     tx, _ = train.create_optimizer(config)
-    params = jax.jit(lambda: train._init_state(model, tx, 0, False).params)()
+    params = jax.jit(lambda: nn.unbox(train._state_init(model, tx, 0)()).params)()
     params = jax.tree_util.tree_map(lambda p: p + 1.0, params)  # biases and LayerNorm betas start at 0
     updates, _ = tx.update(jax.tree_util.tree_map(jnp.zeros_like, params), tx.init(params), params)
     flat_p, flat_u = (traverse_util.flatten_dict(t, sep="/") for t in (params, updates))
@@ -497,7 +498,7 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     tx, schedule = train.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
     abstract = checkpointing.abstract_like(abstract, shardings)
-    batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
+    batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)
     with jax.set_mesh(mesh):
         hlo = step_fn.lower(abstract, train.global_batch(batch, mesh)).compile().as_text()
@@ -514,7 +515,7 @@ def test_gradient_accumulation_matches_one_big_batch(instances):
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
     tx, schedule = train.create_optimizer(config)
-    batch = next(train._iterator(train.resolve_phases(config)[0], config, None))
+    batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
     counts = batch["masked_lm_weights"].reshape(-1, 4, batch["masked_lm_weights"].shape[1]).sum(axis=(0, 2))
     assert len(set(counts.tolist())) > 1, counts  # the micro-batches differ, or the test proves less
     results = []

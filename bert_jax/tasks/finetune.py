@@ -11,9 +11,10 @@ Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained enco
 In every case the task head is initialised fresh and the compute options (dtype, param_dtype,
 remat_policy) come from this job's `config.model`.
 
-The state is the pre-training `TrainState`, built sharded (`jax.eval_shape` -> logical partition
-specs -> `jax.jit(..., out_shardings=...)`); steps are jitted with explicit shardings and donation,
-as `bert_jax.train`. Batches are assembled from each process's rows of one global permutation with
+Mesh, optimizer, sharded state, train step and timer are `bert_jax.engine`'s, as in pre-training: the
+state is built sharded (`jax.eval_shape` -> logical partition specs -> `jax.jit(..., out_shardings=...)`)
+and the task's loss goes through `engine.train_step`, jitted with explicit shardings and donation.
+Batches are assembled from each process's rows of one global permutation with
 `jax.make_array_from_process_local_data`, so several hosts read disjoint rows.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from typing import Any, Callable, Iterator, Mapping
 
 import flax.linen as nn
@@ -32,9 +32,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, convert, modeling, optim, sharding, storage, summaries
+from bert_jax import checkpointing, convert, engine, modeling, sharding, storage, summaries
 from bert_jax.data.tokenization import Tokenizer
-from bert_jax.train import TrainState, global_batch
+from bert_jax.engine import TrainState, global_batch
 
 COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy", "kernels")
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
@@ -135,66 +135,47 @@ def _select(tree: Mapping, like: Mapping) -> dict:
 def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, init: Initialisation,
                  seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
     """The sharded TrainState of `model` (a BertFor... task model with an encoder named "bert"), its
-    encoder taken from `init`, and the tree of NamedShardings.
+    encoder taken from `init`, and the tree of NamedShardings (`engine.state_shardings`).
 
     Raises:
+      ValueError: a parameter or optimizer-state dimension the mesh does not divide
+        (`sharding.check_divisible`).
       FileNotFoundError / ValueError: from Orbax when the checkpoint does not hold a matching encoder.
     """
     ids = jnp.zeros((1, seq_length), jnp.int32)
-    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
-
-    def init_params():
-        return model.init({"params": params_rng}, ids, ids, ids)["params"]
-
-    boxed = jax.eval_shape(init_params)
-    param_shardings = sharding.logical_sharding(nn.get_partition_spec(boxed), mesh)
-    abstract = nn.unbox(boxed)
-    sharding.check_divisible(abstract, param_shardings)
-    with jax.set_mesh(mesh):
-        params = jax.jit(lambda: nn.unbox(init_params()), out_shardings=param_shardings)()
-        if init.kind == "hf":
-            encoder = _select(init.bert_params, abstract["bert"])
-            # Each process builds only its own shards from the host copy (works on several hosts too).
-            params["bert"] = jax.tree_util.tree_map(
-                lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index, x=x: np.asarray(x)[index]),
-                encoder, param_shardings["bert"])
-        elif init.kind == "orbax":
-            target = checkpointing.abstract_like(abstract["bert"], param_shardings["bert"])
-            params["bert"] = checkpointing.restore_params(init.path, {"bert": target}, init.step)["bert"]
-        boxed_state = jax.eval_shape(lambda: TrainState(jnp.zeros((), jnp.int32), init_params(),
-                                                        tx.init(init_params()), dropout_rng))
-        state_shardings = sharding.logical_sharding(nn.get_partition_spec(boxed_state), mesh)
-        opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
-                       opt_state=opt_state, rng=jax.device_put(dropout_rng, replicated))
-    return state, state_shardings
+    state_init = engine.state_init(model, tx, seed, ids, ids, ids)
+    abstract, shardings = engine.state_shardings(state_init, mesh)
+    sharding.check_divisible(abstract, shardings)
+    # The optimizer state starts at zero whatever the params: built with the random ones, kept.
+    state = engine.create_state(state_init, mesh, shardings)
+    encoder_shardings = shardings.params["bert"]
+    if init.kind == "hf":
+        encoder = _select(init.bert_params, abstract.params["bert"])
+        # Each process builds only its own shards from the host copy (works on several hosts too).
+        bert = jax.tree_util.tree_map(
+            lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index, x=x: np.asarray(x)[index]),
+            encoder, encoder_shardings)
+    elif init.kind == "orbax":
+        target = checkpointing.abstract_like(abstract.params["bert"], encoder_shardings)
+        with jax.set_mesh(mesh):
+            bert = checkpointing.restore_params(init.path, {"bert": target}, init.step)["bert"]
+    else:
+        return state, shardings
+    return state.replace(params={**state.params, "bert": bert}), shardings
 
 
-LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
+TaskLoss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
 
 
-def train_step(state: TrainState, batch: Mapping[str, jax.Array], *, model: nn.Module,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
-               loss_fn: LossFn) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step (pure): dropout on, loss = sum / count of `loss_fn(outputs, batch)`.
-
-    Returns the new state and float32 scalars loss, grad_norm, learning_rate.
-    """
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
-
-    def compute(params):
-        out = model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=False,
-                          rngs={"dropout": dropout_rng})
-        total, count = loss_fn(out, batch)
-        return total / jnp.maximum(count, 1.0)
-
-    with sharding.axis_rules():
-        loss, grads = jax.value_and_grad(compute)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optim.global_norm(grads), "learning_rate": schedule(state.step)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+def task_loss(params: Any, batch: Mapping[str, jax.Array], dropout_rng: jax.Array, denominators=None, *,
+              model: nn.Module, loss_fn: TaskLoss) -> tuple[jax.Array, dict]:
+    """The `engine.LossFn` of a task: `model` on INPUT_NAMES (int32 [B, L]) with dropout, then
+    `loss_fn(outputs, batch)` -> (sum, count) -> float32 scalar sum / count (sum / denominators when
+    given: the whole batch's row count under accumulation), and no further metrics."""
+    out = model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=False,
+                      rngs={"dropout": dropout_rng})
+    total, count = loss_fn(out, batch)
+    return total / (jnp.maximum(count, 1.0) if denominators is None else denominators), {}
 
 
 def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Module) -> Any:
@@ -203,40 +184,36 @@ def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Modul
         return model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=True)
 
 
-def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: LossFn,
+def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss,
                   label_names: tuple[str, ...]) -> tuple[Callable, Callable]:
-    """(train_step, predict_step) jitted with explicit shardings; the state is donated.
+    """(train_step, predict_step) jitted with explicit shardings (`engine.jit_train_step`, state donated).
 
     Args:
       shardings: the TrainState tree of NamedShardings from `create_state`.
+      loss_fn: (model outputs, batch) -> (float32 sum of the per-example losses, float32 count).
       label_names: the batch keys besides INPUT_NAMES that `loss_fn` reads, each [B] (e.g. int32 labels).
 
-    Inputs ([B, L] for INPUT_NAMES, [B] for labels) are sharded over the batch axes (data, fsdp).
+    The train step's metrics: loss (sum / count), grad_norm, learning_rate, float32 scalars. Inputs
+    ([B, L] for INPUT_NAMES, [B] for labels) are sharded over the batch axes (data, fsdp).
 
     Raises:
       ValueError: a mesh without the "data" and "fsdp" axes (from `NamedSharding`). Nothing is
         compiled here: jax traces and compiles on the first call, and raises there for a batch whose keys
         or shapes do not fit these shardings.
     """
-    def batch_shardings(names, ranks):
-        return {k: sharding.batch_sharding(mesh, ranks.get(k, 2)) for k in names}
-
-    ranks = {k: 1 for k in label_names}
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule, loss_fn=loss_fn),
-                   in_shardings=(shardings, batch_shardings(INPUT_NAMES + label_names, ranks)),
-                   out_shardings=(shardings, replicated), donate_argnums=(0,))
-    predict = jax.jit(functools.partial(predict_step, model=model),
-                      in_shardings=(shardings.params, batch_shardings(INPUT_NAMES, ranks)), out_shardings=replicated)
+    ranks = dict({k: 2 for k in INPUT_NAMES}, **{k: 1 for k in label_names})
+    step = engine.jit_train_step(functools.partial(task_loss, model=model, loss_fn=loss_fn), tx, schedule, mesh,
+                                 shardings, ranks)
+    predict = engine.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params,
+                                   {k: 2 for k in INPUT_NAMES})
     return step, predict
 
 
 def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int):
     """AdamW as the original's fine-tuning (`optimization.create_optimizer`): linear warmup over
-    warmup_proportion of the steps, linear decay to 0, weight decay 0.01, clipping at 1.0."""
-    return optim.create_optimizer(
-        learning_rate=config.learning_rate, warmup_steps=int(config.warmup_proportion * num_train_steps),
-        total_steps=max(num_train_steps, 1), weight_decay=config.weight_decay, eps=1e-6, max_grad_norm=1.0)
+    warmup_proportion of the steps, linear decay to 0, weight decay 0.01, clipping at 1.0
+    (`engine.create_optimizer` over max(num_train_steps, 1) steps)."""
+    return engine.create_optimizer(config, max(num_train_steps, 1))
 
 
 def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, seed: int | None,
@@ -296,7 +273,7 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
     is_main = jax.process_index() == 0
     progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
     step, epoch, metrics = 0, 0, None
-    window_start, window_steps = time.perf_counter(), 0
+    timer = engine.Chrono()
     with jax.set_mesh(mesh):
         while step < num_train_steps:
             for local, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True):
@@ -305,17 +282,16 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
                 if previous is not None:  # one step in flight: an honest progress bar, bounded memory
                     jax.block_until_ready(previous)
                 step += 1
-                window_steps += 1
+                timer.tick()
                 progress.update(1)
                 if step % log_every == 0 or step == num_train_steps:
                     values = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     if not np.isfinite(values["loss"]):
                         raise FloatingPointError(f"non-finite loss {values['loss']} at fine-tuning step {step}")
-                    values["examples_per_second"] = window_steps * batch_size / (time.perf_counter() - window_start)
+                    values["examples_per_second"] = timer.lap().examples_per_second(batch_size)
                     summaries.write_scalars(writer, step, values, "train")
                     history.append(dict(values, step=step))
                     progress.set_postfix(loss=f"{values['loss']:.3f}")
-                    window_start, window_steps = time.perf_counter(), 0
                 if step == num_train_steps:
                     break
             epoch += 1
@@ -348,12 +324,6 @@ def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
             progress.update(1)
     progress.close()
     return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *chunks)
-
-
-def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-    """The fine-tuning mesh: data/fsdp/tensor sizes of config.mesh over the first num_devices devices."""
-    devices = sharding.select_devices(config.mesh.get("num_devices") or 0)
-    return sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
 
 
 def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import losses, modeling, storage, summaries
+from bert_jax import engine, losses, modeling, storage, summaries
 from bert_jax.data import glue
 from bert_jax.tasks import finetune
 
@@ -70,7 +70,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     dev = glue.convert_examples_to_features(_examples(config, "dev"), tokenizer, config.max_seq_length)
     num_labels = glue.TASKS[config.task][0]
     model = modeling.BertForSequenceClassification(init.config, num_labels=num_labels)
-    mesh = finetune.make_mesh(config)
+    mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     tx, schedule = finetune.create_optimizer(config, num_train_steps)
     state, shardings = finetune.create_state(model, tx, mesh, init, config.seed)

@@ -1,0 +1,142 @@
+"""The one step machinery: aot compiles the program train runs, the step compiles once per phase, the
+mesh presets reach fine-tuning, the generic step accumulates any loss to the whole batch's gradient,
+and the timer leaves pauses out."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax import aot, engine, losses, modeling, sharding, train
+from bert_jax.tasks import finetune
+from configs import glue as glue_config
+from configs import pretrain
+
+
+@pytest.fixture(scope="module")
+def two_phase_run(instances, tmp_path_factory):
+    """A 6-step, two-phase run of the tiny config with grad_accum_steps=2 on 8 devices, the Program
+    `train` built for it captured."""
+    config = pretrain.get_config("tiny")
+    config.model.vocab_size = 30528
+    config.phases[0].data_dir, config.phases[1].data_dir = str(instances / "p1"), str(instances / "p2")
+    config.total_steps, config.warmup_steps, config.grad_accum_steps = 6, 2, 2
+    config.log_every, config.checkpoint_every = 2, 100
+    built = []
+    original = train.build
+    train.build = lambda *args: built.append(original(*args)) or built[-1]
+    try:
+        metrics = train.train_and_evaluate(config, str(tmp_path_factory.mktemp("two_phase")))
+    finally:
+        train.build = original
+    assert metrics["step"] == 6 and metrics["phase"] == 1 and len(built) == 1
+    return config, built[0]
+
+
+def test_train_step_compiles_once_per_phase(two_phase_run):
+    _, program = two_phase_run
+    assert program.train_step._cache_size() == 2  # phase 1 (length 64) and phase 2 (length 128), 3 steps each
+
+
+def test_aot_lowers_the_program_train_runs(two_phase_run):
+    """With grad_accum_steps=2, the step aot compiles (here for the CPU devices) and the step the run
+    above dispatched lower to the same StableHLO, for each phase, from a real batch and the real state's
+    shardings."""
+    config, program = two_phase_run
+    mesh = train.make_mesh(config)
+    state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                   program.abstract, program.shardings)
+    for phase in train.resolve_phases(config):
+        it = train.iterator(phase, config, None)
+        batch = train.global_batch(next(it), mesh)
+        it.close()
+        with jax.set_mesh(mesh):
+            ran = program.train_step.lower(state, batch).as_text()
+        lowered, aot_mesh = aot.lower_phase(config, jax.devices(), phase)
+        assert aot_mesh.devices.tolist() == mesh.devices.tolist()
+        compiled = lowered.as_text()
+        assert "stablehlo.while" in compiled  # the accumulation loop is in it
+        assert compiled == ran, f"phase {phase.index}: aot's program differs from the one train runs"
+    # Without accumulation the program is a different one: the comparison above can fail.
+    config = config.copy_and_resolve_references()
+    config.grad_accum_steps = 1
+    assert aot.lower_phase(config, jax.devices(), train.resolve_phases(config)[0])[0].as_text() != ran
+
+
+def test_mesh_from_a_fine_tuning_config_takes_presets():
+    config = glue_config.get_config("mrpc")
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    assert dict(engine.make_mesh(config.mesh).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    config.mesh.preset = "cpu"  # (-1, 1, 1): the preset wins over the sizes
+    assert dict(engine.make_mesh(config.mesh).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    config.mesh.preset = "v9-1"
+    with pytest.raises(ValueError, match=r"^mesh preset 'v9-1' is not one of"):
+        engine.make_mesh(config.mesh)
+    with pytest.raises(ValueError, match=r"^config.mesh.num_devices=9 is not in \[0, 8\]"):
+        engine.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=9)))
+
+
+def test_optimizer_from_pretraining_and_fine_tuning_configs():
+    pre = pretrain.get_config("tiny")
+    _, schedule = engine.create_optimizer(pre)
+    assert float(schedule(pre.warmup_steps)) == pytest.approx(pre.learning_rate)
+    assert float(schedule(pre.total_steps)) == pytest.approx(0.0, abs=1e-12)
+    ft = glue_config.get_config("mrpc")  # warmup_proportion of the steps
+    _, schedule = engine.create_optimizer(ft, 100)
+    assert float(schedule(5)) == pytest.approx(0.5 * ft.learning_rate)
+    assert float(schedule(10)) == pytest.approx(ft.learning_rate)
+    pre.optimizer = "sgd"
+    with pytest.raises(ValueError, match="'sgd' is not 'adamw' or 'lamb'"):
+        engine.create_optimizer(pre)
+
+
+def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
+    """The fine-tuning loss through engine.train_step: 2 micro-batches (the whole batch's row count as
+    denominator) give the one-batch update (no dropout)."""
+    bert = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = modeling.BertForSequenceClassification(bert, num_labels=3)
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    tx, schedule = engine.create_optimizer(glue_config.get_config("mrpc"), 10)
+    ids = jnp.zeros((1, 7), jnp.int32)
+    init = engine.state_init(model, tx, 0, ids, ids, ids)
+    _, shardings = engine.state_shardings(init, mesh)
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": rng.integers(1, 99, (12, 7), dtype=np.int32), "token_type_ids": np.zeros((12, 7), np.int32),
+             "attention_mask": np.ones((12, 7), np.int32), "labels": rng.integers(0, 3, (12,), dtype=np.int32)}
+    loss_fn = lambda out, b: losses.classification_loss(out.logits, b["labels"])  # noqa: E731
+    results = []
+    for k in (1, 2):
+        step = engine.jit_train_step(
+            lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn), tx, schedule, mesh, shardings,
+            {"input_ids": 2, "token_type_ids": 2, "attention_mask": 2, "labels": 1}, grad_accum_steps=k,
+            denominators=lambda b: jnp.asarray(b["labels"].shape[0], jnp.float32))
+        state = engine.create_state(init, mesh, shardings)
+        with jax.set_mesh(mesh):
+            state, metrics = step(state, engine.global_batch(batch, mesh))
+        results.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (p1, m1), (p2, m2) = results
+    assert float(m2["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)
+    assert float(m2["grad_norm"]) == pytest.approx(float(m1["grad_norm"]), rel=1e-5)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p2, p1)
+    with pytest.raises(ValueError, match="^grad_accum_steps=2 needs the whole batch's loss denominators$"):
+        engine.train_step(state, engine.global_batch(batch, mesh), tx=tx, schedule=schedule, grad_accum_steps=2,
+                          loss_fn=lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn))
+
+
+def test_chrono_leaves_pauses_out():
+    chrono = engine.Chrono()
+    time.sleep(0.05)
+    chrono.tick()
+    with chrono.paused():
+        time.sleep(0.3)
+    chrono.tick()
+    lap = chrono.lap()
+    assert lap.steps == 2 and 0.05 <= lap.seconds < 0.25
+    assert lap.examples_per_second(8) == pytest.approx(16 / lap.seconds)
+    assert lap.steps_per_second == pytest.approx(2 / lap.seconds)
+    chrono.restart()
+    assert chrono.lap().steps == 0
