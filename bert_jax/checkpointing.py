@@ -524,7 +524,9 @@ def _quiet_reported_save_failures() -> None:
       (absl logging): such records from Orbax are dropped, since the error is re-raised to
       `Checkpointer` when the save is awaited;
     - the failed save's other TensorStore writes complete after its event loop closed; their callbacks
-      (called from C++, reported as unraisable exceptions) raise "Event loop is closed": dropped.
+      (called from C++, reported as unraisable exceptions) raise "Event loop is closed": dropped;
+    - asyncio reports the failed save's other write tasks, collected later (often at exit), as "Task
+      exception was never retrieved" with their out-of-space error: dropped.
     """
     global _quieted
     if _quieted:
@@ -537,7 +539,13 @@ def _quiet_reported_save_failures() -> None:
         return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
                     and (_no_space(error) or "No space left on device" in record.getMessage()))
 
+    def keep_asyncio(record) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not ("never retrieved" in record.getMessage()
+                    and (_no_space(error) or "No space left on device" in record.getMessage()))
+
     logging.getLogger("absl").addFilter(keep)
+    logging.getLogger("asyncio").addFilter(keep_asyncio)
     hook = sys.unraisablehook
 
     def unraisablehook(unraisable):

@@ -253,3 +253,38 @@ def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_p
         assert len(seen) == 2 and all("never retrieved" in m for m in seen)
     finally:
         logging.getLogger("asyncio").removeHandler(handler)
+
+
+def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(tmp_path):
+    """asyncio reports an out-of-space write task of a failed save when it is collected (seen at exit):
+    dropped once a Checkpointer exists; another task's error is still printed."""
+    import asyncio
+    import errno as errno_module
+    import gc
+    import logging
+
+    checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)  # installs the filters
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        def abandon(error):
+            loop = asyncio.new_event_loop()
+
+            async def write():
+                raise error
+
+            task = loop.create_task(write())
+            loop.run_until_complete(asyncio.sleep(0))
+            del task
+            gc.collect()
+            loop.close()
+
+        abandon(OSError(errno_module.ENOSPC, "No space left on device"))
+        abandon(ValueError("RESOURCE_EXHAUSTED: writing: No space left on device"))
+        assert seen == []
+        abandon(ValueError("some other failure"))
+        assert len(seen) == 1 and "never retrieved" in seen[0]
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
