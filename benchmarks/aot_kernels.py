@@ -19,19 +19,51 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax import aot, kernels, train  # noqa: E402
+from bert_jax.kernels import reference, xla_cpu  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 SETS = ("reference", "xla_cpu")
 
 
-def measure(size: str, topology: str, kernel_set: str, dtype: str) -> list[dict]:
-    """Compiles every phase of `configs/pretrain.py:<size>` for `topology` -> per phase: bytes accessed,
+def _variant(name: str):
+    """"reference", "xla_cpu", or one with a kernel swapped in from the other set: "reference+dropout"
+    (reference, xla_cpu's dropout), "xla_cpu-gelu" (xla_cpu, reference's gelu) -> (set name, patched
+    Kernels or None)."""
+    import dataclasses
+
+    for sep, base, other in (("+", "reference", xla_cpu), ("-", "xla_cpu", reference)):
+        if sep in name:
+            head, field = name.split(sep)
+            assert head == base, f"{name}: '{sep}' goes with {base}"
+            own = reference.KERNELS if base == "reference" else xla_cpu.KERNELS
+            return base, dataclasses.replace(own, **{field: getattr(other.KERNELS, field)})
+    return name, None
+
+
+def measure(size: str, topology: str, kernel_set: str, dtype: str, phases: str = "") -> list[dict]:
+    """Compiles every phase (or those in `phases`, comma-separated indices) of `configs/pretrain.py:<size>`
+    for `topology` with the kernel set `kernel_set` (a `_variant` name) -> per phase: bytes accessed,
     temporary bytes, FLOPs (per device and step)."""
+    base, patched = _variant(kernel_set)
+    module = reference if base == "reference" else xla_cpu
+    original = module.KERNELS
+    if patched is not None:  # kernels.get reads <module>.KERNELS at every call
+        module.KERNELS = patched
+    try:
+        return _measure(size, topology, base, dtype, phases)
+    finally:
+        module.KERNELS = original
+
+
+def _measure(size, topology, kernel_set, dtype, phases):
     config = pretrain.get_config(size)
     config.model.dtype, config.model.kernels = dtype, kernel_set
     devices = aot.TOPOLOGIES[topology].devices()
     rows = []
+    wanted = {int(i) for i in phases.split(",")} if phases else None
     for phase in train.resolve_phases(config):
+        if wanted is not None and phase.index not in wanted:
+            continue
         compiled, _ = aot.compile_phase(config, devices, phase)
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -45,21 +77,33 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="base:v4-32,base:v5e-16,large:v4-128", help="size:topology, comma-separated")
     parser.add_argument("--dtype", default="bfloat16", help="model compute dtype")
+    parser.add_argument("--prng_impl", default="threefry2x32",
+                        help="jax_default_prng_impl for dropout's keys: threefry2x32 (JAX's default) or rbg")
+    parser.add_argument("--sets", default=",".join(SETS),
+                        help="kernel sets, comma-separated; reference+<kernel> / xla_cpu-<kernel> swap one kernel")
+    parser.add_argument("--phases", default="", help="phase indices to compile, comma-separated (default all)")
     args = parser.parse_args()
-    print(f"auto on a TPU target = {kernels.resolve('auto', 'tpu')}; compute dtype {args.dtype}")
-    print(f"{'run':<16} {'phase':<14} {'kernels':<10} {'HBM bytes/step':>15} {'temp GiB':>9} {'TFLOPs/step':>12}")
+    import jax
+
+    jax.config.update("jax_default_prng_impl", args.prng_impl)
+    sets = args.sets.split(",")
+    print(f"auto on a TPU target = {kernels.resolve('auto', 'tpu')}; compute dtype {args.dtype}; "
+          f"PRNG {args.prng_impl} (partitionable threefry: {jax.config.jax_threefry_partitionable})")
+    print(f"{'run':<16} {'phase':<14} {'kernels':<18} {'HBM bytes/step':>15} {'temp GiB':>9} {'TFLOPs/step':>12}")
     for run in args.runs.split(","):
         size, topology = run.split(":")
-        results = {k: measure(size, topology, k, args.dtype) for k in SETS}
-        for i, ref in enumerate(results["reference"]):
-            cpu = results["xla_cpu"][i]
-            label = f"{ref['phase']} ({ref['length']}x{ref['batch']})"
-            for name, row in (("reference", ref), ("xla_cpu", cpu)):
-                print(f"{run:<16} {label:<14} {name:<10} {row['bytes'] / 1e9:13.2f} GB {row['temp'] / 2**30:9.2f} "
-                      f"{row['flops'] / 1e12:12.3f}")
-            print(f"{run:<16} {label:<14} {'ratio':<10} {cpu['bytes'] / ref['bytes']:15.3f} "
-                  f"{cpu['temp'] / ref['temp']:9.3f} {cpu['flops'] / ref['flops']:12.3f}   (xla_cpu / reference)",
-                  flush=True)
+        results = {k: measure(size, topology, k, args.dtype, args.phases) for k in sets}
+        for i, first in enumerate(results[sets[0]]):
+            label = f"{first['phase']} ({first['length']}x{first['batch']})"
+            for name in sets:
+                row = results[name][i]
+                print(f"{run:<16} {label:<14} {name:<18} {row['bytes'] / 1e9:13.2f} GB {row['temp'] / 2**30:9.2f} "
+                      f"{row['flops'] / 1e12:12.3f}", flush=True)
+            if sorted(sets) == sorted(SETS):
+                ref, cpu = results["reference"][i], results["xla_cpu"][i]
+                print(f"{run:<16} {label:<14} {'ratio':<18} {cpu['bytes'] / ref['bytes']:15.3f} "
+                      f"{cpu['temp'] / ref['temp']:9.3f} {cpu['flops'] / ref['flops']:12.3f}   (xla_cpu / reference)",
+                      flush=True)
 
 
 if __name__ == "__main__":
