@@ -1,5 +1,5 @@
-"""Optimizer-update speed: the pre-training AdamW chain with the xla_cpu kernel set's global-norm clipping (model.kernels auto on CPU) against the same
-chain with optax's `clip_by_global_norm`, same run.
+"""Optimizer-update speed: the pre-training AdamW chain with the xla_cpu kernel set's global-norm
+clipping (model.kernels auto on CPU) against the same chain with optax's `clip_by_global_norm`, same run.
 
   .venv/bin/python benchmarks/optimizer_update.py [--size base] [--rounds 5] [--steps 5]
 
