@@ -82,8 +82,7 @@ def create_optimizer(config: ml_collections.ConfigDict,
     Args:
       config: learning_rate and weight_decay; total_steps (pre-training) or the `total_steps` argument;
         warmup_steps, or warmup_proportion of the total (fine-tuning, as the original's run_squad.py);
-        optional optimizer ("adamw"), adam_b1 (0.9), adam_b2 (0.999), adam_eps (1e-6), max_grad_norm (1.0);
-        model.kernels picks the clipping's kernel set.
+        optional optimizer ("adamw"), adam_b1 (0.9), adam_b2 (0.999), adam_eps (1e-6), max_grad_norm (1.0).
       total_steps: optimizer steps of the schedule; default config.total_steps.
 
     Returns:
@@ -98,7 +97,7 @@ def create_optimizer(config: ml_collections.ConfigDict,
         learning_rate=config.learning_rate, warmup_steps=warmup, total_steps=total,
         optimizer=config.get("optimizer", "adamw"), weight_decay=config.weight_decay, b1=config.get("adam_b1", 0.9),
         b2=config.get("adam_b2", 0.999), eps=config.get("adam_eps", 1e-6),
-        max_grad_norm=config.get("max_grad_norm", 1.0), kernels=config.model.kernels)
+        max_grad_norm=config.get("max_grad_norm", 1.0))
 
 
 # ----------------------------------------------------------------------------- sharded state

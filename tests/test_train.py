@@ -196,6 +196,30 @@ def test_schedule_and_weight_decay_mask():
                     "layer/attention/query_kernel": True, "layer/attention/query_bias": False}
 
 
+def test_clip_by_global_norm_hand_computed_and_against_optax():
+    import jax.numpy as jnp
+    import optax
+
+    clip = optim.clip_by_global_norm(1.0)
+    # Hand-computed: global norm of (3, 4) and (0,) is 5 -> scaled by 1/5.
+    out, _ = clip.update({"a": jnp.array([3.0, 4.0]), "b": jnp.array([0.0])}, clip.init(None))
+    np.testing.assert_allclose(out["a"], [0.6, 0.8], rtol=1e-6)
+    # Under the threshold: returned unchanged, bit for bit.
+    small = {"a": jnp.array([0.3, -0.4]), "b": jnp.array([0.1])}
+    out, _ = clip.update(small, clip.init(None))
+    assert all(np.array_equal(out[k], small[k]) for k in small)
+    # Against optax's select-based version on random trees above and below the threshold.
+    rng = np.random.default_rng(0)
+    for scale in (1e-3, 10.0):
+        tree = {"w": jnp.asarray(scale * rng.standard_normal((64, 48)), jnp.float32),
+                "b": jnp.asarray(scale * rng.standard_normal((48,)), jnp.float32)}
+        ours, _ = clip.update(tree, clip.init(None))
+        ref, _ = optax.clip_by_global_norm(1.0).update(tree, optax.EmptyState())
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-7, atol=0), ours, ref)
+    with pytest.raises(ValueError, match="max_norm=0 must be positive"):
+        optim.clip_by_global_norm(0)
+
+
 def test_peak_flops_of_known_devices():
     assert flops.peak_flops_per_device("TPU v3") == 61.5e12  # one TensorCore: half of a 123 TFLOP/s chip
     assert flops.peak_flops_per_device("TPU v4") == 275e12

@@ -1,8 +1,7 @@
 """Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu").
 
 `bert_jax.modeling` and `bert_jax.losses` write the paper's model in plain JAX/Flax; the few places
-where the compiler of one backend needs help get their operation from `get(name)` (and
-`bert_jax.optim` its gradient clipping):
+where the compiler of one backend needs help get their operation from `get(name)`:
 
   operation            reference (every backend)                 xla_cpu (`bert_jax.kernels.xla_cpu`)
   gelu                 jax.nn.gelu(approximate=False), float32   hand-written gradient
@@ -12,7 +11,6 @@ where the compiler of one backend needs help get their operation from `get(name)
   LayerNorm            flax.linen.LayerNorm (two-pass variance)  same formula, plain jnp
   nll                  optax integer-label cross-entropy         hand-written gradient
   is_argmax            argmax == label                           one `any` reduction
-  clip_by_global_norm  optax.clip_by_global_norm                 one scalar factor for every leaf
 
 "auto" is "xla_cpu" when compiling for the CPU and "reference" for any other platform (TPU, GPU).
 Each xla_cpu kernel is tested against its reference form (value and gradient, float32 and bfloat16,
@@ -67,8 +65,6 @@ class Kernels:
         float32 statistics and parameters `scale`, `bias` [D] (logical axis `embed`).
       nll: (float32 logits [..., K], int32 labels [...]) -> float32 [...] negative log-likelihood.
       is_argmax: (logits [..., K], int labels [...]) -> bool [...], labels == argmax (ties: first).
-      clip_by_global_norm: max_norm -> an optax transformation scaling updates by
-        max_norm / max(global norm, max_norm) (the original's tf.clip_by_global_norm).
     """
 
     name: str
@@ -79,7 +75,6 @@ class Kernels:
     layer_norm: Callable
     nll: Callable
     is_argmax: Callable
-    clip_by_global_norm: Callable
 
 
 def get(name: str, platform: str | None = None) -> Kernels:

@@ -45,5 +45,4 @@ def is_argmax(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 KERNELS = Kernels(name="reference", gelu=gelu, dot_general=None, tied_logits=tied_logits, dropout=nn.Dropout,
-                  layer_norm=layer_norm, nll=nll, is_argmax=is_argmax,
-                  clip_by_global_norm=optax.clip_by_global_norm)
+                  layer_norm=layer_norm, nll=nll, is_argmax=is_argmax)

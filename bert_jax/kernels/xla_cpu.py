@@ -15,7 +15,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from bert_jax.kernels import Kernels, reference
 
@@ -236,31 +235,5 @@ def is_argmax(logits: Array, labels: Array) -> Array:
     return ~jnp.any(beaten, axis=-1)
 
 
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """Scale every update by max_norm / max(global_norm, max_norm): the original's
-    `tf.clip_by_global_norm(grads, clip_norm=1.0)` (google-research/bert `optimization.py`).
-
-    Updates: any tree of float arrays; each leaf keeps its shape and dtype, and the factor is a float32
-    scalar cast to the leaf's dtype. The result equals `optax.clip_by_global_norm`'s (bit for bit below
-    max_norm, within an ulp above it). optax selects between the leaf and leaf / norm * max_norm, and XLA
-    then writes the divided leaf out in full for its two readers (Adam's two moments): with it the AdamW
-    update of BERT-Base's parameters is slower on XLA:CPU (`benchmarks/optimizer_update.py`). A non-finite norm gives
-    non-finite updates, which the training loop reports.
-
-    Raises:
-      ValueError: max_norm is not positive.
-    """
-    if max_norm <= 0:
-        raise ValueError(f"max_norm={max_norm} must be positive")
-
-    def update_fn(updates, state, params=None):
-        del params
-        factor = max_norm / jnp.maximum(optax.tree.norm(updates), max_norm)
-        return jax.tree_util.tree_map(lambda t: t * factor.astype(t.dtype), updates), state
-
-    return optax.GradientTransformation(optax.init_empty_state, update_fn)
-
-
 KERNELS = Kernels(name="xla_cpu", gelu=gelu, dot_general=dot_general, tied_logits=tied_logits, dropout=HashedDropout,
-                  layer_norm=layer_norm, nll=nll, is_argmax=is_argmax,
-                  clip_by_global_norm=clip_by_global_norm)
+                  layer_norm=layer_norm, nll=nll, is_argmax=is_argmax)
