@@ -138,7 +138,8 @@ def report(config, topology_name: str) -> bool:
     phases = train.resolve_phases(config)
     bert = train.create_model(config).config
     print(f"{topology_name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
-          f"model dtype {bert.dtype}, grad_accum_steps {config.grad_accum_steps}")
+          f"model dtype {bert.dtype}, kernels {kernels.resolve(bert.kernels, 'tpu')}, "
+          f"grad_accum_steps {config.grad_accum_steps}")
     fits, total_seconds = True, 0.0
     for phase in phases:
         compiled, _ = compile_phase(config, devices, phase)
@@ -160,7 +161,8 @@ def report(config, topology_name: str) -> bool:
               f"- aliased {mem.alias_size_in_bytes / GIB:.2f} = {used / GIB:.2f} GiB of {chip.hbm_bytes / GIB:.0f} "
               f"({'fits' if used <= chip.hbm_bytes else 'DOES NOT FIT'}); FLOPs/device compiled "
               f"{compiled_flops / 1e12:.3f} T, analytic {analytic / 1e12:.3f} T "
-              f"(ratio {compiled_flops / analytic:.3f}); roofline {step_s * 1e3:.1f} ms/step")
+              f"(ratio {compiled_flops / analytic:.3f}); HBM bytes accessed {bytes_accessed / 1e9:.2f} GB; "
+              f"roofline {step_s * 1e3:.1f} ms/step")
     print(f"  roofline for the whole schedule ({config.total_steps} steps): {total_seconds / 86400:.2f} days")
     return fits
 

@@ -59,10 +59,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     Updates: any tree of float arrays; each leaf keeps its shape and dtype, and the factor is a float32
     scalar cast to the leaf's dtype. The result equals `optax.clip_by_global_norm`'s (bit for bit below
     max_norm, within an ulp above it). optax selects between the leaf and leaf / norm * max_norm, and XLA
-    then writes the divided leaf out in full for its two readers (Adam's two moments): with it the AdamW
-    update of BERT-Base's parameters took 288-290 ms against 154-184 ms with this form on the 2-core CPU
-    (`benchmarks/optimizer_update.py`), about 1% of a whole train step. A non-finite norm gives
-    non-finite updates, which the training loop reports.
+    then writes the divided leaf out in full for its two readers (Adam's two moments), on every backend:
+    the update is slower on XLA:CPU (`benchmarks/optimizer_update.py`) and the TPU step reads and writes
+    more HBM bytes (`benchmarks/aot_kernels.py`; README, Kernels), so this plain form is the only one.
+    A non-finite norm gives non-finite updates, which the training loop reports.
 
     Raises:
       ValueError: max_norm is not positive.

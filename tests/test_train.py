@@ -68,6 +68,21 @@ def test_meshes_match_a_single_device(shape, instances, single_device_run):
     _assert_layout_by_hand(state)
 
 
+def test_reference_kernels_train_the_same_on_a_mesh_as_on_one_device(instances, single_device_run):
+    """kernels=reference (flax's Dropout on JAX's partitionable threefry PRNG, optax clipping): 20 steps
+    on a 2x2x2 mesh give the single-device losses, which train, and follow the xla_cpu run's curve
+    (different dropout masks: close, not equal)."""
+    config = _config(instances)
+    config.model.kernels = "reference"
+    _, _, on_one = _run_steps(config, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]), 20)
+    _, _, on_mesh = _run_steps(config, sharding.make_mesh(2, 2, 2), 20)
+    np.testing.assert_allclose(on_mesh, on_one, rtol=1e-5)
+    assert on_one[-5:].mean() < on_one[:5].mean() - 0.5  # it trains
+    _, _, xla_cpu_run = single_device_run
+    assert not np.allclose(on_one, xla_cpu_run, rtol=1e-5)  # another dropout stream really ran
+    assert abs(on_one[-5:].mean() - xla_cpu_run[-5:].mean()) < 0.25 * abs(xla_cpu_run[0] - xla_cpu_run[-1]) + 0.1
+
+
 # Every parameter's layout written out by hand (Megatron-style tensor parallelism: column-split QKV,
 # intermediate, pooler and MLM transform; row-split attention output and FFN output; vocabulary-split
 # embedding table and MLM bias; FSDP over the model dimension), independently of the rules table.
@@ -507,10 +522,12 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     assert ops == {"all-reduce"}, ops
 
 
-def test_gradient_accumulation_matches_one_big_batch(instances):
+@pytest.mark.parametrize("kernel_set", ["reference", "xla_cpu"])
+def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     """k micro-batches give the update of the whole batch (no dropout), though they hold different
-    numbers of masked positions."""
+    numbers of masked positions; with either kernel set."""
     config = _config(instances, warmup_steps=0)  # a non-zero learning rate at step 0
+    config.model.kernels = kernel_set
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
