@@ -7,7 +7,7 @@ steps then linear decay to 0, gradients clipped to global norm 1.0. One differen
 NVIDIA: optax's Adam applies bias correction, which the original's AdamWeightDecayOptimizer omits.
 
 LAMB (You et al. 2019, for batches of 32k and more) is available as `optimizer="lamb"`, with the same
-schedule, mask and clipping. Gradient accumulation is not an optimizer wrapper here: `train.train_step`
+schedule, mask and clipping. Gradient accumulation is not an optimizer wrapper here: `engine.train_step`
 sums the micro-batch gradients inside one compiled step, so there is one optimizer (and schedule) step
 per training step.
 """
