@@ -19,40 +19,23 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax import aot, kernels, train  # noqa: E402
-from bert_jax.kernels import reference, xla_cpu  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 SETS = ("reference", "xla_cpu")
 
 
-def _variant(name: str):
-    """"reference", "xla_cpu", or one with a kernel swapped in from the other set: "reference+dropout"
-    (reference, xla_cpu's dropout), "xla_cpu-gelu" (xla_cpu, reference's gelu) -> (set name, patched
-    Kernels or None)."""
-    import dataclasses
-
-    for sep, base, other in (("+", "reference", xla_cpu), ("-", "xla_cpu", reference)):
-        if sep in name:
-            head, field = name.split(sep)
-            assert head == base, f"{name}: '{sep}' goes with {base}"
-            own = reference.KERNELS if base == "reference" else xla_cpu.KERNELS
-            return base, dataclasses.replace(own, **{field: getattr(other.KERNELS, field)})
-    return name, None
-
-
 def measure(size: str, topology: str, kernel_set: str, dtype: str, phases: str = "") -> list[dict]:
     """Compiles every phase (or those in `phases`, comma-separated indices) of `configs/pretrain.py:<size>`
-    for `topology` with the kernel set `kernel_set` (a `_variant` name) -> per phase: bytes accessed,
-    temporary bytes, FLOPs (per device and step)."""
-    base, patched = _variant(kernel_set)
-    module = reference if base == "reference" else xla_cpu
-    original = module.KERNELS
-    if patched is not None:  # kernels.get reads <module>.KERNELS at every call
-        module.KERNELS = patched
-    try:
-        return _measure(size, topology, base, dtype, phases)
-    finally:
-        module.KERNELS = original
+    for `topology` with `kernel_set`: "reference", "xla_cpu", or one with a kernel swapped in from the
+    other set ("reference+dropout": reference with xla_cpu's dropout; "xla_cpu-gelu": xla_cpu with the
+    reference GELU) -> per phase: bytes accessed, temporary bytes, FLOPs (per device and step)."""
+    for sep, base in (("+", "reference"), ("-", "xla_cpu")):
+        if sep in kernel_set:
+            head, field = kernel_set.split(sep)
+            assert head == base, f"{kernel_set}: '{sep}' goes with {base}"
+            with kernels.swapped(base, field):
+                return _measure(size, topology, base, dtype, phases)
+    return _measure(size, topology, kernel_set, dtype, phases)
 
 
 def _measure(size, topology, kernel_set, dtype, phases):

@@ -26,6 +26,7 @@ MFU >= 60% on base.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -41,7 +42,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bert_jax import flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
-from bert_jax.kernels import reference, xla_cpu  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
@@ -187,13 +187,8 @@ def main():
             batch = make_batch(batch_size, config.model.vocab_size)
             model_flops = flops.train_flops_per_step(modeling.BertConfig.from_dict(config.model), batch_size,
                                                      LENGTH, PREDICTIONS)
-            original = xla_cpu.KERNELS
-            if swapped:  # kernels.get reads xla_cpu.KERNELS at every call
-                xla_cpu.KERNELS = dataclasses.replace(original, **{swapped: getattr(reference.KERNELS, swapped)})
-            try:
+            with kernels.swapped("xla_cpu", swapped) if swapped else contextlib.nullcontext():
                 ours, peer, ratio, mfu, mfu_jax, ceiling = compare(config, batch, args.rounds, args.steps, model_flops)
-            finally:
-                xla_cpu.KERNELS = original
             label = f"{kernel_set}" + (f" -{swapped}" if swapped else "")
             print(f"{name:<6}{label:<22}{batch_size:>6}{batch_size / ours:>12.2f}{batch_size / peer:>12.2f}"
                   f"{ratio:>7.2f}x{mfu:>7.0%}{mfu_jax:>13.0%}{ceiling / 1e9:>17.1f}", flush=True)

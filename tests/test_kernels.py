@@ -202,3 +202,16 @@ def test_hashed_keep_mask_rates_for_other_rates_and_shapes():
         assert abs(float(np.mean(keep)) - p) < 4 * np.sqrt(p * (1 - p) / np.prod(shape))
     with pytest.raises(ValueError, match="at least one axis"):
         xla_cpu.keep_mask(jax.random.key(0), (), 0.1)
+
+
+def test_swapped_replaces_one_operation_for_the_block_only():
+    with kernels.swapped("xla_cpu", "gelu"):
+        inside = kernels.get("xla_cpu")
+        assert inside.gelu is reference.gelu and inside.tied_logits is xla_cpu.tied_logits
+    assert kernels.get("xla_cpu") is xla_cpu.KERNELS and xla_cpu.KERNELS.gelu is xla_cpu.gelu
+    with kernels.swapped("reference", "dropout"):
+        assert kernels.get("reference").dropout is xla_cpu.HashedDropout
+    assert kernels.get("reference").dropout is nn.Dropout
+    with pytest.raises(ValueError, match="cannot swap 'softmax' in kernel set 'xla_cpu'"):
+        with kernels.swapped("xla_cpu", "softmax"):
+            pass

@@ -44,8 +44,9 @@ def resolve(name: str, platform: str | None = None) -> str:
     return "xla_cpu" if platform == "cpu" else "reference"
 
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,3 +92,27 @@ def get(name: str, platform: str | None = None) -> Kernels:
     from bert_jax.kernels import reference
 
     return reference.KERNELS
+
+
+@contextlib.contextmanager
+def swapped(name: str, field: str) -> Iterator[None]:
+    """Within the block, the kernel set `name` ("reference" or "xla_cpu") uses the other set's `field`
+    (e.g. swapped("xla_cpu", "gelu"): xla_cpu with the reference GELU), for one-kernel A/B benchmarks;
+    the set is restored on exit. Programs traced inside the block see the swap.
+
+    Raises:
+      ValueError: `name` is not "reference" or "xla_cpu", or `field` is not a `Kernels` operation.
+    """
+    from bert_jax.kernels import reference, xla_cpu
+
+    modules = {"reference": (reference, xla_cpu), "xla_cpu": (xla_cpu, reference)}
+    operations = [f.name for f in dataclasses.fields(Kernels) if f.name != "name"]
+    if name not in modules or field not in operations:
+        raise ValueError(f"cannot swap {field!r} in kernel set {name!r}: sets {list(modules)}, operations {operations}")
+    own, other = modules[name]
+    original = own.KERNELS  # `get` reads <module>.KERNELS at every call
+    own.KERNELS = dataclasses.replace(original, **{field: getattr(other.KERNELS, field)})
+    try:
+        yield
+    finally:
+        own.KERNELS = original
