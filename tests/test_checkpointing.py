@@ -4,6 +4,8 @@ asynchronous save is a one-line error that leaves the earlier checkpoints restor
 
 One 6-step run (checkpoints 2, 4, 6) is the truth; each test damages a copy of its checkpoints."""
 
+import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -212,13 +214,25 @@ def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
     _assert_equal(_params(kept, _config(instances), 2), _params(run[0], _config(instances), 2))
 
 
+@contextlib.contextmanager
+def _asyncio_reports():
+    """The messages asyncio's logger emits (after its filters) within the block, as a list."""
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
+
+
 def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_path):
     """asyncio reports a read abandoned by a failed restore when its future is collected, possibly long
     after the restore (CI saw it at exit): after the failure, such reports naming the step are dropped;
     one naming another step, or any other error, is still printed."""
     import asyncio
     import gc
-    import logging
 
     step_dir = tmp_path / "checkpoints" / "2"  # Orbax's completeness markers, so that the restore is tried
     for name, text in (("_CHECKPOINT_METADATA", "{}"), ("state/_METADATA", "{}"), ("data/metadata", "{}")):
@@ -232,11 +246,7 @@ def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_p
     result, reason = checkpointing._try(str(tmp_path / "checkpoints"), 2, failing_restore)
     assert result is None and reason == "ValueError: OUT_OF_RANGE: Error reading"
 
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logging.getLogger("asyncio").addHandler(handler)
-    try:
+    with _asyncio_reports() as seen:
         def abandon(path):
             loop = asyncio.new_event_loop()
             future = loop.create_future()
@@ -251,8 +261,6 @@ def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_p
         abandon(str(tmp_path / "checkpoints" / "20"))
         abandon(str(tmp_path / "elsewhere"))
         assert len(seen) == 2 and all("never retrieved" in m for m in seen)
-    finally:
-        logging.getLogger("asyncio").removeHandler(handler)
 
 
 def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(tmp_path):
@@ -261,14 +269,9 @@ def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(tmp_pat
     import asyncio
     import errno as errno_module
     import gc
-    import logging
 
     checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)  # installs the filters
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logging.getLogger("asyncio").addHandler(handler)
-    try:
+    with _asyncio_reports() as seen:
         def abandon(error):
             loop = asyncio.new_event_loop()
 
@@ -286,5 +289,3 @@ def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(tmp_pat
         assert seen == []
         abandon(ValueError("some other failure"))
         assert len(seen) == 1 and "never retrieved" in seen[0]
-    finally:
-        logging.getLogger("asyncio").removeHandler(handler)
