@@ -414,12 +414,10 @@ def _quiet_unless_ok(step_dir: str):
             os.close(saved_fd)
             sys.unraisablehook = saved_hook if ok else _drop_abandoned_reads(saved_hook)
             if not ok:
-                import logging
                 import warnings
 
-                _abandoned_reads.step_dirs.add(step_dir.rstrip("/") + "/")
-                if _abandoned_reads not in logging.getLogger("asyncio").filters:
-                    logging.getLogger("asyncio").addFilter(_abandoned_reads)
+                _abandoned_work.step_dirs.add(step_dir.rstrip("/") + "/")
+                _abandoned_work.install()
                 # Reads never started are reported when collected (often at exit): dropped as well.
                 warnings.filterwarnings("ignore", r"coroutine '\w*_read_array\w*' was never awaited", RuntimeWarning)
             if ok:
@@ -442,22 +440,34 @@ def _drop_abandoned_reads(hook):
     return filtered
 
 
-class _AbandonedReads:
-    """A logging filter for asyncio's "exception was never retrieved" reports of reads abandoned by a
-    failed restore (the failure was already reported in one line): a report is dropped when its text
-    names a step directory whose restore failed (TensorStore's errors name the file they read) or is
-    Orbax's own "error while reading array"."""
+class _AbandonedWork:
+    """The one logging filter for asyncio's late reports of work a reported failure abandoned (the
+    failure was already said in one line), installed on the "asyncio" logger by `install`:
+
+    - reads of a failed restore: a report naming a step directory in `step_dirs` (TensorStore's errors
+      name the file they read), or Orbax's own "error while reading array";
+    - writes of a save that ran out of space: a "never retrieved" report whose error is out of space.
+    """
 
     def __init__(self):
         self.step_dirs: set[str] = set()
 
+    def install(self) -> None:
+        import logging
+
+        if self not in logging.getLogger("asyncio").filters:
+            logging.getLogger("asyncio").addFilter(self)
+
     def filter(self, record) -> bool:
-        text = record.getMessage() + str(record.exc_info[1] if record.exc_info else "")
+        error = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage() + str(error or "")
+        message = record.getMessage()
         return not ("error while reading array" in text
-                    or "never retrieved" in text and any(d in text for d in self.step_dirs))
+                    or "never retrieved" in text and any(d in text for d in self.step_dirs)
+                    or "never retrieved" in message and (_no_space(error) or "No space left on device" in message))
 
 
-_abandoned_reads = _AbandonedReads()
+_abandoned_work = _AbandonedWork()
 
 
 def _check_integrity(step_dir: str) -> None:
@@ -526,7 +536,7 @@ def _quiet_reported_save_failures() -> None:
     - the failed save's other TensorStore writes complete after its event loop closed; their callbacks
       (called from C++, reported as unraisable exceptions) raise "Event loop is closed": dropped;
     - asyncio reports the failed save's other write tasks, collected later (often at exit), as "Task
-      exception was never retrieved" with their out-of-space error: dropped.
+      exception was never retrieved" with their out-of-space error: dropped (`_AbandonedWork`).
     """
     global _quieted
     if _quieted:
@@ -539,13 +549,8 @@ def _quiet_reported_save_failures() -> None:
         return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
                     and (_no_space(error) or "No space left on device" in record.getMessage()))
 
-    def keep_asyncio(record) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not ("never retrieved" in record.getMessage()
-                    and (_no_space(error) or "No space left on device" in record.getMessage()))
-
     logging.getLogger("absl").addFilter(keep)
-    logging.getLogger("asyncio").addFilter(keep_asyncio)
+    _abandoned_work.install()
     hook = sys.unraisablehook
 
     def unraisablehook(unraisable):
