@@ -375,7 +375,8 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
       "bert" + "qa_outputs" (`modeling.BertForQuestionAnswering`, no pooler) -> `BertForQuestionAnswering`
         (qa_outputs.weight [2, D], qa_outputs.bias [2]; start logits index 0, end logits index 1)
       "bert" + "classifier" (`modeling.BertForSequenceClassification`) -> `BertForSequenceClassification`
-        (classifier.weight [C, D], classifier.bias [C]; config.json id2label / label2id of C labels)
+        (classifier.weight [C, D], classifier.bias [C]; config.json id2label / label2id of C labels;
+        C = 1, a regression head such as STS-B's, also writes problem_type "regression")
       embeddings, encoder, pooler (`modeling.BertModel`) -> `BertModel`
     Names are prefixed `bert.` except in a BertModel tree and for the heads.
 
@@ -445,6 +446,8 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
         names = labels if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
         hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+        if num_labels == 1:  # a one-output head is a regression head (STS-B): mean-squared-error loss
+            hf_config["problem_type"] = "regression"
     os.makedirs(out_dir, exist_ok=True)
     from safetensors.numpy import save_file
 

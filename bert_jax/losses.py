@@ -6,7 +6,9 @@ computed in float32 whatever the logits' dtype.
 
 Sources: google-research/bert `run_pretraining.py` (`get_masked_lm_output`, `get_next_sentence_output`:
 the masked-LM loss is the weighted mean over real predictions, the total is MLM + NSP, paper appendix
-A.2) and `run_squad.py` (span loss = mean of the start and end cross-entropies).
+A.2), `run_squad.py` (span loss = mean of the start and end cross-entropies) and, for GLUE's one
+regression task (STS-B), the mean squared error of a one-output head, as transformers'
+BertForSequenceClassification with `problem_type="regression"`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,26 @@ def classification_accuracy(logits: Array, labels: Array) -> tuple[Array, Array]
     """logits [B, C], labels int32 [B] -> (count of argmax == label, B), float32 scalars."""
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return jnp.sum(correct), jnp.asarray(correct.shape[0], jnp.float32)
+
+
+def regression_loss(logits: Array, labels: Array) -> tuple[Array, Array]:
+    """Squared error of a one-output regression head (STS-B; transformers' `problem_type="regression"`).
+
+    Args:
+      logits: [B, 1] predictions (any float dtype; `BertForSequenceClassification` with num_labels=1).
+      labels: float [B] targets.
+
+    Returns:
+      (sum over the batch of (prediction - label)^2, B), float32 scalars: their ratio is the mean
+      squared error (torch.nn.MSELoss).
+
+    Raises:
+      ValueError: logits not of shape [B, 1] or labels not of shape [B].
+    """
+    if logits.ndim != 2 or logits.shape[1] != 1 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"regression_loss: logits {logits.shape} and labels {labels.shape} are not [B, 1] and [B]")
+    error = logits[:, 0].astype(jnp.float32) - labels.astype(jnp.float32)
+    return jnp.sum(jnp.square(error)), jnp.asarray(error.shape[0], jnp.float32)
 
 
 def next_sentence_loss(logits: Array, next_sentence_labels: Array) -> tuple[Array, Array]:

@@ -53,12 +53,13 @@ def test_finetune_cli_takes_the_launcher_flags(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "bert_jax.tasks.glue", "--config", "configs/glue.py:mrpc", "--workdir",
-           str(tmp_path), "--config.task=cola", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=1",
+           str(tmp_path), "--config.task=ax", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=1",
            "--process_id=0"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     # Past flag parsing and jax.distributed.initialize, stopped by the job's own check of the config.
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "glue: config.task='cola' is not one of ['mrpc', 'sst2']"
+    assert result.stderr.strip().splitlines()[-1] == (
+        "glue: config.task='ax' is not one of ['cola', 'mnli', 'mrpc', 'qnli', 'qqp', 'rte', 'sst2', 'stsb', 'wnli']")
     bad = subprocess.run(cmd[:-3] + ["--num_processes=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
         "glue: --num_processes=2 needs --coordinator_address (or --jax_distributed)")

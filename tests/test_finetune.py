@@ -9,7 +9,6 @@ import pytest
 from flax import traverse_util
 
 from bert_jax import checkpointing, convert, losses, modeling, sharding, train
-from bert_jax.data import glue
 from bert_jax.tasks import finetune
 from bert_jax.tasks import glue as glue_task
 from bert_jax.tasks import squad as squad_task
@@ -197,60 +196,6 @@ def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
                                   mesh=mesh, log_every=1)
         curves.append([h["loss"] for h in history])
     np.testing.assert_allclose(curves[0], curves[1], rtol=1e-5)
-
-
-def test_glue_readers_and_features(data_dir):
-    from bert_jax.data import tokenization
-
-    mrpc_train = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "train.tsv"))
-    mrpc_dev = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "dev.tsv"))
-    mrpc_test = glue.read_glue_tsv("mrpc", str(data_dir / "glue" / "MRPC" / "test.tsv"))
-    sst_dev = glue.read_glue_tsv("sst2", str(data_dir / "glue" / "SST-2" / "dev.tsv"))
-    assert (len(mrpc_train), len(mrpc_dev), len(mrpc_test), len(sst_dev)) == (3668, 408, 1725, 872)
-    assert mrpc_train[0].text_a.startswith("Amrozi accused") and mrpc_train[0].label == 1
-    assert {e.label for e in mrpc_test} == {-1}
-    assert abs(np.mean([e.label for e in mrpc_dev]) - 0.684) < 0.001  # GLUE's 68.4% positives
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    feats = glue.convert_examples_to_features(mrpc_dev, tok, max_seq_length=32)
-    ex = mrpc_dev[0]
-    a, b = tok.encode(ex.text_a), tok.encode(ex.text_b)
-    glue.truncate_seq_pair(a, b, 29)
-    row = [tok.cls_id] + a + [tok.sep_id] + b + [tok.sep_id]
-    assert feats["input_ids"][0].tolist() == row + [0] * (32 - len(row))
-    assert feats["token_type_ids"][0].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (32 - len(row))
-    assert feats["attention_mask"][0].sum() == len(row)
-
-
-def test_truncate_seq_pair_hand_computed():
-    a, b = list(range(10)), list(range(100, 104))
-    glue.truncate_seq_pair(a, b, 8)  # pops a until 4 + 4; ties pop b
-    assert (a, b) == ([0, 1, 2, 3], [100, 101, 102, 103])
-    a, b = [1, 2, 3], [4, 5, 6]
-    glue.truncate_seq_pair(a, b, 4)
-    assert (a, b) == ([1, 2], [4, 5])
-
-
-def test_glue_bad_rows_are_one_line(tmp_path):
-    bad = tmp_path / "dev.tsv"
-    bad.write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n2\t1\t2\ta\tb\n")
-    with pytest.raises(ValueError, match=r"dev.tsv:2: label '2'"):
-        glue.read_glue_tsv("mrpc", str(bad))
-    with pytest.raises(ValueError, match="not one of"):
-        glue.read_glue_tsv("cola", str(bad))
-
-
-def test_classification_metrics_equal_torchmetrics():
-    import torch
-    from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
-
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 2, 500)
-    preds = np.where(rng.random(500) < 0.7, labels, 1 - labels)
-    ours = glue_task.classification_metrics(preds, labels)
-    assert ours["f1"] == pytest.approx(100 * float(BinaryF1Score()(torch.tensor(preds), torch.tensor(labels))),
-                                       abs=1e-4)
-    assert ours["accuracy"] == pytest.approx(100 * float(BinaryAccuracy()(torch.tensor(preds), torch.tensor(labels))),
-                                             abs=1e-4)
 
 
 def test_glue_mrpc_job_from_random_init(data_dir, tmp_path):
