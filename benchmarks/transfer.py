@@ -68,6 +68,34 @@ def pretraining_budget(config, seconds, sample=5000):
     return {"steps": config.total_steps, "sequences": sequences, "tokens": int(tokens), "seconds": seconds}
 
 
+def set_fields(config, assignments):
+    """Applies `FIELD=VALUE` overrides (dotted paths, Python literals or strings) to `config`.
+
+    Raises:
+      ValueError: an assignment without "=", or a field the config does not have.
+    """
+    import ast
+
+    for assignment in assignments:
+        field, sep, text = assignment.partition("=")
+        if not sep:
+            raise ValueError(f"--set {assignment!r} is not FIELD=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *parents, leaf = field.split(".")
+        node = config
+        for name in parents:
+            if isinstance(node, (list, tuple)):
+                node = node[int(name)] if name.isdigit() and int(name) < len(node) else None
+            else:
+                node = node.get(name) if hasattr(node, "get") else None
+        if node is None or leaf not in node:
+            raise ValueError(f"--set {assignment!r}: the recipe has no field {field!r}")
+        node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) and isinstance(value, int) else value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
@@ -84,6 +112,9 @@ def main():
                         help="comma-separated: each init takes its best of these on dev (seed 0) before the seeds, "
                              "as the paper picks the fine-tuning learning rate (appendix A.3); empty: the probe's own")
     parser.add_argument("--peer", action="store_true", help="also pre-train and fine-tune the transformers peer")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a recipe field (repeatable), e.g. --set model.hidden_dropout_prob=0.0; "
+                             "the value is a Python literal, else a string")
     args = parser.parse_args()
 
     from bert_jax import experiment, storage, summaries, train
@@ -104,6 +135,7 @@ def main():
     config.model.vocab_size = Tokenizer(vocab_file).vocab_size
     if args.total_steps:
         config.total_steps = args.total_steps
+    set_fields(config, args.set)
     for p in config.phases:
         p.data_dir = os.path.join(workdir, f"instances-{p.max_seq_length}")
     config.mesh.data = 1
@@ -127,6 +159,8 @@ def main():
                "config": json.loads(config.to_json())}
     finetune_dir = os.path.join(workdir, "finetune")
     os.makedirs(finetune_dir, exist_ok=True)
+    # Fine-tuning runs with the paper's dropout whatever pre-training used (the random-init network too).
+    finetune_model = experiment.finetune_model(config.model)
 
     def score(probe, init, seed, tag, learning_rate=None):
         lr = {} if learning_rate is None else {"learning_rate": learning_rate}
@@ -134,7 +168,7 @@ def main():
 
         def compute():
             m = experiment.finetune(probe, os.path.join(finetune_dir, name), init_checkpoint=init,
-                                    vocab_file=vocab_file, model=config.model, shared_data_dir=str(DATA), seed=seed,
+                                    vocab_file=vocab_file, model=finetune_model, shared_data_dir=str(DATA), seed=seed,
                                     **lr)
             return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
         m = _cached(os.path.join(finetune_dir, f"{name}.json"), compute)

@@ -231,7 +231,8 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
         for init, name in [(pretrain_dir, "pretrained"), ("", "random")][:2 if random_baseline else 1]:
             out_dir = os.path.join(workdir, "finetune", f"{probe}-{name}")
             cmd = experiment.probe_command(probe, out_dir, init_checkpoint=init, vocab_file=vocab_file,
-                                           model=config.model, shared_data_dir="", seed=0, **overrides)
+                                           model=experiment.finetune_model(config.model), shared_data_dir="",
+                                           seed=0, **overrides)
             print(f"[5/6] {title}, from {'the final checkpoint' if init else 'random initialisation'}, "
                   f"in a new process:\n      {' '.join(cmd)}", flush=True)
             result = subprocess.run(cmd, env=env, cwd=_project_root())

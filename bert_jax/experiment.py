@@ -181,6 +181,18 @@ PROBE_FILES = {"sst2": "glue/SST-2", "mrpc": "glue/MRPC",
                "squad": ("squad/train-v1.1-subset-44articles.json", "squad/dev-v1.1.json")}
 
 
+FINETUNE_DROPOUT = 0.1  # paper, section 3 / appendix A.3: dropout 0.1 on all layers when fine-tuning
+
+
+def finetune_model(pretrain_model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model config that fine-tunes a pre-trained architecture: the same fields, dropout 0.1 (a
+    recipe may pre-train without dropout; fine-tuning, and the random-init network it is compared
+    with, use the paper's)."""
+    model = ml_collections.ConfigDict(pretrain_model.to_dict())
+    model.hidden_dropout_prob = model.attention_probs_dropout_prob = FINETUNE_DROPOUT
+    return model
+
+
 def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml_collections.ConfigDict,
                  shared_data_dir: str, seed: int, **overrides) -> ml_collections.ConfigDict:
     """The fine-tuning config of `PROBES[probe]` (plus `overrides`) for one initialisation and seed.

@@ -125,6 +125,18 @@ def test_hf_encoder_and_fresh_head(minilm_dir):
     assert np.asarray(state.params["classifier"]["bias"]).sum() == 0
 
 
+def test_dropout_is_the_jobs_architecture_the_checkpoints(pretrained, minilm_dir):
+    """Dropout comes from the fine-tuning config (a recipe may pre-train without it), the architecture
+    from the checkpoint, for both a bert_jax run (saved with 0.1) and a Hugging Face directory."""
+    for path, hidden in ((pretrained, 128), (minilm_dir, 384)):
+        config = glue_config.get_config("sst2")
+        config.init_checkpoint = str(path)
+        config.model.hidden_dropout_prob, config.model.attention_probs_dropout_prob = 0.25, 0.0
+        init = finetune.resolve_init(config)
+        assert init.config.hidden_size == hidden != config.model.hidden_size
+        assert (init.config.hidden_dropout_prob, init.config.attention_probs_dropout_prob) == (0.25, 0.0)
+
+
 def test_bad_init_checkpoint_is_one_line(tmp_path):
     config = squad_config.get_config("tiny")
     config.init_checkpoint = str(tmp_path)

@@ -8,8 +8,8 @@ Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained enco
                                 latest Orbax checkpoint, read straight into this job's shardings,
                                 architecture (and layer layout) from the config saved with it;
                                 `<workdir>/checkpoints/<step>` takes that checkpoint instead.
-In every case the task head is initialised fresh and the compute options (dtype, param_dtype,
-remat_policy) come from this job's `config.model`.
+In every case the task head is initialised fresh, and the compute options (dtype, param_dtype,
+remat_policy, kernels) and the dropout probabilities come from this job's `config.model`.
 
 Mesh, optimizer, sharded state, train step and timer are `bert_jax.engine`'s, as in pre-training: the
 state is built sharded (`jax.eval_shape` -> logical partition specs -> `jax.jit(..., out_shardings=...)`)
@@ -36,7 +36,10 @@ from bert_jax import checkpointing, convert, engine, modeling, sharding, storage
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.engine import TrainState, global_batch
 
-COMPUTE_FIELDS = ("dtype", "param_dtype", "remat_policy", "kernels")
+# The job's own options, taken from its config.model whatever the initialisation: compute and dropout
+# (dropout is a training choice, not architecture: a run pre-trained without it fine-tunes with it).
+JOB_FIELDS = ("dtype", "param_dtype", "remat_policy", "kernels", "hidden_dropout_prob",
+              "attention_probs_dropout_prob")
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
 
@@ -70,7 +73,7 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
       ValueError: a bad model config (from `BertConfig`) or a bad Hugging Face directory (`from_hf`).
     """
     path = config.init_checkpoint
-    compute = {k: config.model[k] for k in COMPUTE_FIELDS}
+    compute = {k: config.model[k] for k in JOB_FIELDS}
     if not path:
         return Initialisation("random", "", modeling.BertConfig.from_dict(config.model))
     if storage.is_file(storage.join(path, convert.CONFIG_NAME)):
