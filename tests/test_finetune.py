@@ -1,5 +1,6 @@
 """Fine-tuning: initial weights from a bert_jax Orbax checkpoint / Hugging Face / random, onto any
-mesh; SQuAD and GLUE jobs end to end on small real data; GLUE reading and metrics."""
+mesh; the job's dropout over the checkpoint's; SQuAD and GLUE jobs end to end on small real data (GLUE
+reading and metrics: tests/test_glue.py)."""
 
 import json
 
