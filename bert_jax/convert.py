@@ -9,10 +9,15 @@ silently (`strict=True` turns both reports into errors).
 
 `to_hf(config, params, out_dir)` writes config.json + model.safetensors that transformers'
 `from_pretrained` loads into the matching class: `BertForPreTraining`, `BertModel`, and the fine-tuned
-`BertForQuestionAnswering` (SQuAD span head `qa_outputs`, encoder without pooler) and
-`BertForSequenceClassification` (GLUE classifier `classifier`). `from_hf` reads only the encoder and the
-pre-training heads: in a fine-tuned directory it reports `qa_outputs.*` / `classifier.*` as unknown
-tensors (and, for question answering, initialises the absent pooler).
+`BertForQuestionAnswering` (SQuAD span head `qa_outputs`, encoder without pooler),
+`BertForSequenceClassification` (GLUE classifier `classifier`), `BertForMultipleChoice` (SWAG head
+`choice_classifier`) and `BertForTokenClassification` (NER head `token_classifier`, encoder without
+pooler); the last two are written as transformers' `classifier.*`. `from_hf` reads the encoder, the
+pre-training heads and, in a directory whose config.json `architectures` names BertForMultipleChoice or
+BertForTokenClassification, that head's `classifier.*` (into `choice_classifier` / `token_classifier`);
+in other fine-tuned directories it reports `qa_outputs.*` / `classifier.*` as unknown tensors. Absent
+pre-training heads (and the pooler of question-answering and token-classification models) are
+initialised and reported.
 
 Layout differences handled here (Hugging Face -> bert_jax):
   Linear weight [out, in]                -> kernel [in, out]
@@ -36,8 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.modeling import (BERT_CONFIG_FIELDS, BertConfig, BertForPreTraining, BertForQuestionAnswering,
-                               BertForSequenceClassification)
+from bert_jax.modeling import (BERT_CONFIG_FIELDS, BertConfig, BertForMultipleChoice, BertForPreTraining,
+                               BertForQuestionAnswering, BertForSequenceClassification,
+                               BertForTokenClassification)
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +145,17 @@ def _rules(config: BertConfig) -> list[_Rule]:
     return rules
 
 
-# Fine-tuning heads that `to_hf` writes (top-level key of the tree -> transformers class); not read by
-# `from_hf`, whose tree is always BertForPreTraining's.
-_TASK_HEADS = {"qa_outputs": "BertForQuestionAnswering", "classifier": "BertForSequenceClassification"}
-_TASK_HEAD_RULES = [*_linear("qa_outputs", "qa_outputs"), *_linear("classifier", "classifier")]
+# Fine-tuning heads that `to_hf` writes (top-level key of the tree -> transformers class). transformers
+# names the heads of BertForSequenceClassification, BertForMultipleChoice and BertForTokenClassification
+# all `classifier`; bert_jax names them apart, so that a tree tells its class.
+_TASK_HEADS = {"qa_outputs": "BertForQuestionAnswering", "classifier": "BertForSequenceClassification",
+               "choice_classifier": "BertForMultipleChoice", "token_classifier": "BertForTokenClassification"}
+_TASK_HEAD_RULES = [*_linear("qa_outputs", "qa_outputs"), *_linear("classifier", "classifier"),
+                    *_linear("classifier", "choice_classifier"), *_linear("classifier", "token_classifier")]
+# The heads `from_hf` reads besides the BertForPreTraining tree: config.json `architectures` -> tree key.
+_READ_HEADS = {"BertForMultipleChoice": "choice_classifier", "BertForTokenClassification": "token_classifier"}
+# Architectures whose classifier has one column per label (config.json id2label / label2id).
+_LABELLED = ("BertForSequenceClassification", "BertForTokenClassification")
 _PRETRAINING_KEYS = ("bert", "mlm_transform", "mlm_LayerNorm", "mlm_output_bias", "nsp")
 
 
@@ -210,6 +223,29 @@ def _read_config(path: str, overrides: Mapping[str, Any]) -> BertConfig:
     return BertConfig.from_dict(values, **overrides)
 
 
+def _hf_architecture(path: str) -> str | None:
+    """The first class named by config.json `architectures` (already checked to be valid JSON), or None."""
+    with open(os.path.join(path, CONFIG_NAME), encoding="utf-8") as f:
+        architectures = json.load(f).get("architectures") or [None]
+    return architectures[0] if isinstance(architectures, list) else None
+
+
+def _read_head(head: str, tensors: Mapping[str, np.ndarray], config: BertConfig, weight_file: str) -> dict:
+    """transformers' `classifier.weight` [C, D] / `classifier.bias` [C] -> {"<head>/kernel": [D, C],
+    "<head>/bias": [C]} (C = 1 for the multiple-choice head); ValueError (one line) if missing or misshapen."""
+    for name in ("classifier.weight", "classifier.bias"):
+        if name not in tensors:
+            raise ValueError(f"{weight_file}: missing tensor {name} of the {head} head")
+    weight, bias = np.asarray(tensors["classifier.weight"]), np.asarray(tensors["classifier.bias"])
+    columns = 1 if head == "choice_classifier" else (weight.shape[0] if weight.ndim == 2 else -1)
+    if weight.shape != (columns, config.hidden_size) or bias.shape != (columns,) or columns < 1:
+        c = "1" if head == "choice_classifier" else "C"
+        raise ValueError(f"{weight_file}: tensors classifier.weight {weight.shape} and classifier.bias {bias.shape} "
+                         f"do not fit {head} ({c}, {config.hidden_size}) and ({c},)")
+    param_dtype = np.dtype(jnp.dtype(config.param_dtype))
+    return {f"{head}/kernel": weight.T.astype(param_dtype), f"{head}/bias": bias.astype(param_dtype)}
+
+
 def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
     st_file, pt_file = os.path.join(path, SAFETENSORS_NAME), os.path.join(path, PYTORCH_NAME)
     if os.path.isfile(st_file):
@@ -246,13 +282,18 @@ def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 def _abstract_params(config: BertConfig, architecture: str = "BertForPreTraining", num_labels: int = 2) -> dict:
     """Shapes of the (unscanned) params of the bert_jax model of `architecture` (BertForPreTraining,
-    BertForQuestionAnswering or BertForSequenceClassification with `num_labels`), without allocating them."""
+    BertForQuestionAnswering, BertForMultipleChoice, or BertForSequenceClassification /
+    BertForTokenClassification with `num_labels`), without allocating them."""
     config = config.replace(scan_layers=False)
     ids = jnp.zeros((1, 2), jnp.int32)
     if architecture == "BertForQuestionAnswering":
         model, extra = BertForQuestionAnswering(config), {}
     elif architecture == "BertForSequenceClassification":
         model, extra = BertForSequenceClassification(config, num_labels=num_labels), {}
+    elif architecture == "BertForMultipleChoice":
+        model, extra = BertForMultipleChoice(config), {}
+    elif architecture == "BertForTokenClassification":
+        model, extra = BertForTokenClassification(config, num_labels=num_labels), {}
     else:
         model, extra = BertForPreTraining(config), {"masked_lm_positions": ids}
     shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), ids, **extra)))
@@ -284,11 +325,17 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
     Returns:
       (config, params): params is the BertForPreTraining tree of numpy / jax arrays in
       config.param_dtype; `params["bert"]` is the BertModel tree. With scan_layers the layers are stacked.
+      When config.json `architectures` names BertForMultipleChoice or BertForTokenClassification, the
+      tree also holds that model's head, read from `classifier.weight` [C, D] / `classifier.bias` [C]:
+      `choice_classifier` (kernel [D, 1], bias [1]) or `token_classifier` (kernel [D, C], bias [C]), as
+      `modeling.BertForMultipleChoice` / `modeling.BertForTokenClassification` name them.
 
     Raises:
       FileNotFoundError: no config.json or no weight file.
       ValueError: config.json is not BERT; an encoder tensor is missing; a tensor has the wrong shape;
-        with strict, a missing head or an unknown tensor. Each message names the file and the tensor.
+        a multiple-choice / token-classification directory without classifier.weight and
+        classifier.bias, or with misshapen ones; with strict, a missing head or an unknown tensor. Each
+        message names the file and the tensor.
     """
     config = _read_config(path, config_overrides)
     weight_file, raw = _read_tensors(path)
@@ -314,6 +361,11 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
         flat[rule.ours] = converted.astype(param_dtype)
         used.add(rule.hf)
 
+    head = _READ_HEADS.get(_hf_architecture(path))
+    if head is not None:
+        flat.update(_read_head(head, tensors, config, weight_file))
+        used.update({"classifier.weight", "classifier.bias"})
+
     if _TIED_DECODER in tensors:
         used.add(_TIED_DECODER)
         decoder, words = tensors[_TIED_DECODER], tensors["embeddings.word_embeddings.weight"]
@@ -329,7 +381,7 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
     if missing_heads:
         log.warning("%s: heads absent, initialised with seed %d: %s", weight_file, seed, missing_heads)
         fresh = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
-        for path_ in expected:
+        for path_ in expected:  # the pre-training tree's; a task head read above is kept as read
             if path_ not in flat:
                 flat[path_] = np.asarray(fresh[path_])
     params = traverse_util.unflatten_dict(flat, sep="/")
@@ -361,7 +413,7 @@ def _architecture(params: Mapping[str, Any]) -> str:
         paths = sorted(traverse_util.flatten_dict({k: params[k] for k in extra}, sep="/"))
         raise ValueError(f"params: entries not part of a BERT model ({architecture}): {paths}; to_hf writes "
                          "BertModel trees and trees of 'bert' with the pre-training heads (mlm_*, nsp), "
-                         "qa_outputs or classifier")
+                         "qa_outputs, classifier, choice_classifier or token_classifier")
     return architecture
 
 
@@ -377,6 +429,11 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
       "bert" + "classifier" (`modeling.BertForSequenceClassification`) -> `BertForSequenceClassification`
         (classifier.weight [C, D], classifier.bias [C]; config.json id2label / label2id of C labels;
         C = 1, a regression head such as STS-B's, also writes problem_type "regression")
+      "bert" + "choice_classifier" (`modeling.BertForMultipleChoice`) -> `BertForMultipleChoice`
+        (classifier.weight [1, D], classifier.bias [1]: one score per choice)
+      "bert" + "token_classifier" (`modeling.BertForTokenClassification`, no pooler) ->
+        `BertForTokenClassification` (classifier.weight [C, D], classifier.bias [C]; config.json id2label /
+        label2id of C labels, e.g. the NER tags)
       embeddings, encoder, pooler (`modeling.BertModel`) -> `BertModel`
     Names are prefixed `bert.` except in a BertModel tree and for the heads.
 
@@ -385,14 +442,15 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
       params: one of the trees above, with scanned or unscanned layers; leaves in any float dtype
         (written as float32).
       out_dir: created if missing; each file is written to a temporary name and renamed.
-      labels: for a classifier tree only, the C class names in index order, written as config.json
-        id2label / label2id; by default "LABEL_0" .. "LABEL_{C-1}", as transformers names them.
+      labels: for a classifier or token_classifier tree only, the C class names in index order, written
+        as config.json id2label / label2id; by default "LABEL_0" .. "LABEL_{C-1}", as transformers names
+        them.
 
     Raises:
       ValueError: a parameter that the config and the tree's kind do not predict (an unknown top-level
-        head, both qa_outputs and classifier, a pooler in a question-answering tree), a missing one, or
-        one of the wrong shape; `labels` for a tree without classifier, or not C distinct strings. Each
-        message is one line naming the parameter.
+        head, two task heads, a pooler in a question-answering or token-classification tree), a missing
+        one, or one of the wrong shape; `labels` for a tree without classifier / token_classifier, or not C
+        distinct strings. Each message is one line naming the parameter.
     """
     params = jax.device_get(dict(params))
     if any("encoder/layers/" in p for p in traverse_util.flatten_dict(params, sep="/")):
@@ -400,22 +458,23 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
     architecture = _architecture(params)
     flat = traverse_util.flatten_dict(params if "bert" in params else {"bert": params}, sep="/")
     num_labels = 2
-    if architecture == "BertForSequenceClassification":
-        if "classifier/kernel" not in flat:
-            raise ValueError("params: missing classifier/kernel for classifier.weight")
-        shape = np.shape(flat["classifier/kernel"])
+    if architecture in _LABELLED:
+        head = "classifier" if architecture == "BertForSequenceClassification" else "token_classifier"
+        if f"{head}/kernel" not in flat:
+            raise ValueError(f"params: missing {head}/kernel for classifier.weight")
+        shape = np.shape(flat[f"{head}/kernel"])
         if len(shape) != 2 or shape[1] < 1:
-            raise ValueError(f"params: classifier/kernel has shape {shape}, expected "
+            raise ValueError(f"params: {head}/kernel has shape {shape}, expected "
                              f"({config.hidden_size}, num_labels)")
         num_labels = shape[1]
     if labels is not None:
-        if architecture != "BertForSequenceClassification":
-            raise ValueError(f"labels: given for a {architecture} tree, which has no classifier")
+        if architecture not in _LABELLED:
+            raise ValueError(f"labels: given for a {architecture} tree, which has no classifier of labels")
         labels = list(labels)
         if (len(labels) != num_labels or len(set(labels)) != len(labels)
                 or not all(isinstance(x, str) for x in labels)):
             raise ValueError(f"labels: {labels} are not {num_labels} distinct strings, one per column of "
-                             f"classifier/kernel {shape}")
+                             f"{head}/kernel {shape}")
     expected = _abstract_params(config, architecture, num_labels)
     if architecture == "BertModel":
         rules = [r for r in _rules(config) if r.ours.startswith("bert/")]
@@ -442,12 +501,13 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
         "position_embedding_type": "absolute",
         "torch_dtype": "float32",
     }
-    if architecture == "BertForSequenceClassification":
+    if architecture in _LABELLED:
         names = labels if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
         hf_config["label2id"] = {name: i for i, name in enumerate(names)}
-        if num_labels == 1:  # a one-output head is a regression head (STS-B): mean-squared-error loss
-            hf_config["problem_type"] = "regression"
+    if architecture == "BertForSequenceClassification" and num_labels == 1:
+        # a one-output head is a regression head (STS-B): mean-squared-error loss
+        hf_config["problem_type"] = "regression"
     os.makedirs(out_dir, exist_ok=True)
     from safetensors.numpy import save_file
 

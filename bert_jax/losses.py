@@ -8,7 +8,9 @@ Sources: google-research/bert `run_pretraining.py` (`get_masked_lm_output`, `get
 the masked-LM loss is the weighted mean over real predictions, the total is MLM + NSP, paper appendix
 A.2), `run_squad.py` (span loss = mean of the start and end cross-entropies) and, for GLUE's one
 regression task (STS-B), the mean squared error of a one-output head, as transformers'
-BertForSequenceClassification with `problem_type="regression"`.
+BertForSequenceClassification with `problem_type="regression"`. Multiple choice (SWAG, paper section
+4.4) is `classification_loss` over the K choice scores; token classification (CoNLL-2003 NER, paper
+section 5.3) is `token_classification_loss`, the cross-entropy at the labelled (first) sub-tokens.
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: A
 
 
 def classification_loss(logits: Array, labels: Array) -> tuple[Array, Array]:
-    """logits [B, C], labels int32 [B] in [0, C) -> (sum of cross-entropy, B), float32 scalars."""
+    """logits [B, C], labels int32 [B] in [0, C) -> (sum of cross-entropy, B), float32 scalars.
+
+    Also the multiple-choice loss: logits [B, K] of `BertForMultipleChoice`, softmax over the K choices
+    (transformers' BertForMultipleChoice loss is the ratio)."""
     nll = _cross_entropy(logits, labels)
     return jnp.sum(nll), jnp.asarray(nll.shape[0], jnp.float32)
 
@@ -151,3 +156,28 @@ def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
     """
     per_example = 0.5 * (_cross_entropy(start_logits, start_positions) + _cross_entropy(end_logits, end_positions))
     return jnp.sum(per_example), jnp.asarray(per_example.shape[0], jnp.float32)
+
+
+def token_classification_loss(logits: Array, labels: Array, label_weights: Array) -> tuple[Array, Array]:
+    """Weighted per-token cross-entropy of a token classifier (CoNLL-2003 NER, paper section 5.3).
+
+    Args:
+      logits: [B, L, C] logits of `BertForTokenClassification` (any float dtype).
+      labels: int [B, L] label indices in [0, C) where weighted; at zero-weight positions any value
+        (e.g. 0, or transformers' ignore index -100), clipped into [0, C) so it never indexes out of range.
+      label_weights: float32 [B, L], 1.0 at the labelled tokens (the first sub-token of each word), 0.0 at
+        the others, [CLS], [SEP] and padding.
+
+    Returns:
+      (sum over tokens of weight * nll, sum of weights), float32 scalars: their ratio is transformers'
+      BertForTokenClassification loss when the zero-weight positions carry label -100.
+
+    Raises:
+      ValueError: logits not [B, L, C], or labels / label_weights not of shape [B, L].
+    """
+    if logits.ndim != 3 or labels.shape != logits.shape[:2] or label_weights.shape != logits.shape[:2]:
+        raise ValueError(f"token_classification_loss: logits {logits.shape}, labels {labels.shape} and label_weights "
+                         f"{label_weights.shape} are not [B, L, C], [B, L] and [B, L]")
+    weights = label_weights.astype(jnp.float32)
+    nll = _cross_entropy(logits, jnp.clip(labels, 0, logits.shape[-1] - 1))
+    return jnp.sum(nll * weights), jnp.sum(weights)

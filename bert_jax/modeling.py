@@ -571,3 +571,94 @@ class BertForSequenceClassification(nn.Module):
         pooled = _dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
         logits = _dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
         return ClassificationOutput(logits=logits.astype(jnp.float32))
+
+
+@flax.struct.dataclass
+class MultipleChoiceOutput:
+    """Outputs of `BertForMultipleChoice`: logits [B, K] float32, one score per choice (softmax over K)."""
+
+    logits: Array
+
+
+@flax.struct.dataclass
+class TokenClassificationOutput:
+    """Outputs of `BertForTokenClassification`: logits [B, L, C] float32, one row of C label scores per token."""
+
+    logits: Array
+
+
+class BertForMultipleChoice(nn.Module):
+    """BERT with a multiple-choice head: each choice is one sequence, scored by a [D, 1] projection of its
+    pooled [CLS] output (dropout first); the K scores of an example are its logits (paper section 4.4,
+    SWAG: "a vector whose dot product with the [CLS] token representation C denotes a score for each
+    choice which is normalized with a softmax layer"). Matches transformers' `BertForMultipleChoice`
+    (`convert.to_hf` writes the head as its `classifier.weight` [1, D] / `classifier.bias` [1]).
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, deterministic: bool = True) -> MultipleChoiceOutput:
+        """int32 [B, K, L] inputs (K choices of one example, e.g. SWAG's four) -> logits float32 [B, K].
+
+        Args:
+          input_ids: int32 [B, K, L]; a 2-D [B, L] is one choice per example (K = 1, logits [B, 1]: the
+            shape `tasks.finetune.create_state` initialises with).
+          token_type_ids, attention_mask: int32 of input_ids' shape, or None (zeros / ones), as
+            `BertModel.__call__`.
+          deterministic: disables dropout when True.
+
+        The K choices run through the encoder as B * K rows of length L.
+
+        Raises:
+          ValueError: input_ids neither 2-D nor 3-D, token_type_ids or attention_mask of another shape,
+            or L over max_position_embeddings (`BertModel`).
+          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
+        """
+        if input_ids.ndim not in (2, 3):
+            raise ValueError(f"input_ids must be [batch, choices, length], got shape {input_ids.shape}")
+        for name, value in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+            if value is not None and value.shape != input_ids.shape:
+                raise ValueError(f"{name} shape {value.shape} differs from input_ids shape {input_ids.shape}")
+        rows = input_ids.shape[:-1]  # (B, K), or (B,) for one choice each
+
+        def flat(x):  # [B, K, L] -> [B * K, L]
+            return None if x is None else x.reshape(-1, input_ids.shape[-1])
+
+        out = BertModel(self.config, name="bert")(flat(input_ids), flat(token_type_ids), flat(attention_mask),
+                                                  deterministic)
+        pooled = _dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
+        scores = _dense(self.config, 1, ("embed", "classes"), "choice_classifier")(pooled)  # [B * K, 1]
+        logits = scores.astype(jnp.float32).reshape(rows if input_ids.ndim == 3 else rows + (1,))
+        return MultipleChoiceOutput(logits=logits)
+
+
+class BertForTokenClassification(nn.Module):
+    """BERT with a token classifier: dropout -> [D, C] projection of every token of the sequence output
+    (paper section 5.3, CoNLL-2003 NER: the first sub-token of each word is the one labelled). No pooler.
+    Matches transformers' `BertForTokenClassification` (`convert.to_hf` writes the head as its
+    `classifier.weight` [C, D] / `classifier.bias` [C]).
+    """
+
+    config: BertConfig
+    num_labels: int = 9
+
+    @nn.compact
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, deterministic: bool = True) -> TokenClassificationOutput:
+        """int32 [B, L] inputs -> TokenClassificationOutput(logits float32 [B, L, C]), C = num_labels.
+
+        Arguments as `BertModel.__call__`; logits at padding positions are computed like any other and
+        are the caller's to ignore.
+
+        Raises:
+          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
+            (`BertModel`).
+          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
+        """
+        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        x = _dropout(self.config, self.config.hidden_dropout_prob, out.sequence_output, deterministic)
+        logits = _dense(self.config, self.num_labels, ("embed", "classes"), "token_classifier")(x)
+        return TokenClassificationOutput(logits=logits.astype(jnp.float32))

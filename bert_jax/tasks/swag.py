@@ -1,0 +1,134 @@
+"""SWAG fine-tuning (paper section 4.4, Table 4): four-way multiple choice, accuracy.
+
+  python -m bert_jax.tasks.swag --config configs/swag.py \\
+      --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/swagaf/data --workdir /tmp/swag
+
+Each example becomes four sequences `[CLS] sent1 [SEP] sent2 ending_i [SEP]` (`bert_jax.data.swag`);
+`modeling.BertForMultipleChoice` scores each with a [D, 1] projection of its pooled [CLS] output, the
+four scores are softmaxed and trained with cross-entropy (`losses.classification_loss` over the
+choices), as the paper and transformers' BertForMultipleChoice.
+
+Writes metrics.json (dev `accuracy` in percent, as Table 4), val_predictions.csv (`index,prediction,
+label`), tensorboard/ and the fine-tuned state in checkpoints/ under the workdir; with
+config.do_predict, test_predictions.csv (`index,prediction`) for test.csv.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import engine, losses, modeling, storage, summaries
+from bert_jax.data import swag
+from bert_jax.tasks import finetune
+
+LABEL_NAMES = ("labels",)
+
+
+def compute_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """{"accuracy": percent of predictions equal to labels}.
+
+    Args:
+      predictions, labels: int [N] choice indices.
+
+    Raises:
+      ValueError: predictions and labels of different lengths or empty.
+    """
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    if predictions.shape != labels.shape or predictions.ndim != 1 or not len(labels):
+        raise ValueError(f"SWAG metrics: predictions {predictions.shape} and labels {labels.shape} are not the same "
+                         "non-empty [N]")
+    return {"accuracy": 100.0 * float(np.mean(predictions == labels))}
+
+
+def _examples(config: ml_collections.ConfigDict, name: str, labelled: bool) -> list[swag.SwagExample]:
+    """The examples of config.data_dir/<name>; ValueError when empty, or (labelled) without labels."""
+    path = storage.join(config.data_dir, name)
+    examples = swag.read_swag_csv(path)
+    if not examples:
+        raise ValueError(f"{path} holds no examples")
+    if labelled and examples[0].label < 0:
+        raise ValueError(f"{path} has no label column")
+    return examples
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Fine-tunes on config.train_file, evaluates on config.dev_file and, with config.do_predict,
+    predicts config.test_file (all in config.data_dir).
+
+    Returns:
+      metrics: init, train_examples, train_steps, train_seconds, train_loss, accuracy (dev, percent),
+      eval_examples, checkpoint (when saved); with do_predict, test_predictions (the written file).
+
+    Raises:
+      ValueError / FileNotFoundError: missing files, bad rows (`swag.read_swag_csv`), a dev file without
+        labels, a bad checkpoint, or max_seq_length over the model's max_position_embeddings.
+    """
+    init = finetune.resolve_init(config)
+    tokenizer = finetune.load_tokenizer(config, init)
+    if config.max_seq_length > init.config.max_position_embeddings:
+        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
+                         f"{init.config.max_position_embeddings}")
+
+    def features(examples):
+        return swag.convert_examples_to_features(examples, tokenizer, config.max_seq_length)
+
+    train_examples = _examples(config, config.train_file, labelled=True)
+    if config.max_train_examples > 0:
+        train_examples = train_examples[:config.max_train_examples]
+    train = features(train_examples)
+    dev_examples = _examples(config, config.dev_file, labelled=True)
+    dev = features(dev_examples)
+    test_examples = _examples(config, config.test_file, labelled=False) if config.do_predict else []
+
+    model = modeling.BertForMultipleChoice(init.config)
+    mesh = engine.make_mesh(config.mesh)
+    num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
+    tx, schedule = finetune.create_optimizer(config, num_train_steps)
+    state, shardings = finetune.create_state(model, tx, mesh, init, config.seed)
+
+    def loss_fn(out, batch):  # softmax over the four choices
+        return losses.classification_loss(out.logits, batch["labels"])
+
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
+    storage.makedirs(workdir)
+    is_main = jax.process_index() == 0
+    writer = summaries.open_writer(workdir, is_main)
+    start = time.perf_counter()
+    state, history = finetune.fit(state, step_fn, train, batch_size=config.train_batch_size,
+                                  num_train_steps=num_train_steps, seed=config.seed, mesh=mesh, writer=writer,
+                                  log_every=config.log_every, desc="SWAG fine-tuning")
+    metrics: dict[str, Any] = {"init": init.kind, "train_examples": len(train["labels"]),
+                               "train_steps": num_train_steps, "train_seconds": time.perf_counter() - start,
+                               "train_loss": history[-1]["loss"] if history else float("nan")}
+    out = finetune.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
+                           desc=f"SWAG {config.dev_file}")
+    predictions = np.argmax(out.logits, axis=-1)
+    scores = compute_metrics(predictions, dev["labels"])
+    metrics.update(scores, eval_examples=len(dev_examples))
+    summaries.write_scalars(writer, num_train_steps, scores, "eval")
+    if config.save_checkpoint and num_train_steps > 0:
+        metrics["checkpoint"] = finetune.save_final(workdir, state, config, init.config, scores)
+    if writer is not None:
+        writer.close()
+    files = {"val_predictions.csv": "index,prediction,label\n" + "".join(
+        f"{e.guid},{p},{e.label}\n" for e, p in zip(dev_examples, predictions))}
+    if test_examples:
+        out = finetune.predict(predict_fn, state.params, features(test_examples), batch_size=config.eval_batch_size,
+                               mesh=mesh, desc=f"SWAG {config.test_file}")
+        files["test_predictions.csv"] = "index,prediction\n" + "".join(
+            f"{e.guid},{p}\n" for e, p in zip(test_examples, np.argmax(out.logits, axis=-1)))
+        metrics["test_predictions"] = storage.join(workdir, "test_predictions.csv")
+    if is_main:
+        for name, text in files.items():
+            storage.write_text(storage.join(workdir, name), text)
+        storage.write_json(storage.join(workdir, "metrics.json"), metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    finetune.cli(run, "swag", "SWAG config file, e.g. configs/swag.py (or configs/swag.py:large).")
