@@ -177,10 +177,14 @@ class BertOutput:
     Attributes:
       sequence_output: [B, L, D] in config.dtype, the last layer's hidden states.
       pooled_output: [B, D] in config.dtype, tanh(dense(sequence_output[:, 0])); None without pooler.
+      hidden_states: with `output_hidden_states=True`, num_hidden_layers + 1 arrays [B, L, D] in
+        config.dtype: the embedding output, then each layer's output (transformers' `hidden_states`;
+        the last is sequence_output); None otherwise.
     """
 
     sequence_output: Array
     pooled_output: Array | None
+    hidden_states: tuple[Array, ...] | None = None
 
 
 @flax.struct.dataclass
@@ -367,27 +371,47 @@ class BertLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "embed")), None
 
 
+class _LayerWithStates(BertLayer):
+    """`BertLayer` whose second output is its hidden state, so that `nn.scan` stacks the layers' outputs
+    ([num_hidden_layers, B, L, D]); same parameters as `BertLayer`."""
+
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> tuple[Array, Array]:
+        x, _ = super().__call__(x, mask_bias, deterministic)
+        return x, x
+
+
 class BertEncoder(nn.Module):
     """The stack of `num_hidden_layers` layers: `layer_{i}` each, or one scanned `layers` stack."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> Array:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> [B, L, D]."""
+    def __call__(self, x: Array, mask_bias: Array, deterministic: bool,
+                 output_hidden_states: bool = False) -> Array | tuple[Array, tuple[Array, ...]]:
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> [B, L, D].
+
+        With output_hidden_states, returns ([B, L, D], hidden_states): hidden_states is x followed by
+        each layer's output, num_hidden_layers + 1 arrays [B, L, D] (both layer layouts; the scanned
+        one stacks them under `nn.scan`). The parameters are the same either way.
+        """
         c = self.config
-        layer_cls = BertLayer
+        layer_cls = _LayerWithStates if output_hidden_states else BertLayer
         if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask_bias) is static
-            layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
+            layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                                  static_argnums=(3,))
         if c.scan_layers:
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            return stack(c, name="layers")(x, mask_bias, deterministic)[0]
+            out, stacked = stack(c, name="layers")(x, mask_bias, deterministic)
+            if not output_hidden_states:
+                return out
+            return out, (x, *(stacked[i] for i in range(c.num_hidden_layers)))
+        states = [x]
         for i in range(c.num_hidden_layers):
             x, _ = layer_cls(c, name=f"layer_{i}")(x, mask_bias, deterministic)
-        return x
+            states.append(x)
+        return (x, tuple(states)) if output_hidden_states else x
 
 
 def attention_mask_bias(attention_mask: Array) -> Array:
@@ -426,7 +450,8 @@ class BertModel(nn.Module):
             self.pooler = _dense(c, c.hidden_size, ("embed", "embed_out"))
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-                 attention_mask: Array | None = None, deterministic: bool = True) -> BertOutput:
+                 attention_mask: Array | None = None, deterministic: bool = True,
+                 output_hidden_states: bool = False) -> BertOutput:
         """Encodes a batch.
 
         Args:
@@ -434,9 +459,13 @@ class BertModel(nn.Module):
           token_type_ids: int32 [B, L], 0 sentence A, 1 sentence B; zeros when None.
           attention_mask: int32 [B, L], 1 real token, 0 padding; all ones when None.
           deterministic: disables dropout when True.
+          output_hidden_states: also return every layer's output (the feature-based approach, paper
+            section 5.3; google-research/bert's `get_all_encoder_layers` plus the embedding output).
 
         Returns:
-          BertOutput with sequence_output [B, L, D] and pooled_output [B, D] (config.dtype).
+          BertOutput with sequence_output [B, L, D] and pooled_output [B, D] (config.dtype), and
+          hidden_states (num_hidden_layers + 1 arrays [B, L, D]: embeddings, then each layer) when
+          output_hidden_states, else None.
 
         Raises:
           ValueError: for a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes.
@@ -447,9 +476,10 @@ class BertModel(nn.Module):
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, deterministic)
-        x = self.encoder(x, attention_mask_bias(attention_mask), deterministic)
+        x = self.encoder(x, attention_mask_bias(attention_mask), deterministic, output_hidden_states)
+        x, hidden_states = x if output_hidden_states else (x, None)
         pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None
-        return BertOutput(sequence_output=x, pooled_output=pooled)
+        return BertOutput(sequence_output=x, pooled_output=pooled, hidden_states=hidden_states)
 
     def attend(self, x: Array, bias: Array) -> Array:
         """Tied word-embedding projection, x [..., D] -> float32 [..., V] = x @ word_embeddings^T + bias [V]."""
