@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
 # `make demo` installs only the package (what the demo needs); `make test` adds the test extra (the
-# reference implementation: torch, transformers) and the tpu extra (libtpu, for AOT compilation).
+# reference implementation: torch, transformers), the tpu extra (libtpu, for AOT compilation) and the tf
+# extra (TensorFlow's checkpoint reader, for Google's original checkpoints).
 PYTHON ?= python3.11
 VENV := .venv
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -17,7 +18,7 @@ $(DEMO_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -e '.[test,tpu]'
+	$(VENV)/bin/pip install -q -e '.[test,tpu,tf]'
 	touch $(TEST_STAMP)
 
 # Task files for the demo's fine-tuning stages (and their training text for its corpus): SQuAD in

@@ -4,12 +4,17 @@ Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained enco
   ""                            random initialisation of everything (the original's initializer);
   a Hugging Face directory      (has config.json) `convert.from_hf`: the encoder, architecture from
                                 config.json;
+  a TensorFlow checkpoint       Google's original (google-research/bert): a directory with
+                                bert_config.json and bert_model.ckpt.index (or one *.ckpt.index), or the
+                                checkpoint prefix `<dir>/bert_model.ckpt`; `convert.from_tf_checkpoint`
+                                (the `tf` extra): the encoder, architecture from bert_config.json;
   a bert_jax pre-training run   its workdir or `<workdir>/checkpoints`: the encoder params of the
                                 latest Orbax checkpoint, read straight into this job's shardings,
                                 architecture (and layer layout) from the config saved with it;
                                 `<workdir>/checkpoints/<step>` takes that checkpoint instead.
 In every case the task head is initialised fresh, and the compute options (dtype, param_dtype,
-remat_policy, kernels) and the dropout probabilities come from this job's `config.model`.
+remat_policy, kernels) and the dropout probabilities come from this job's `config.model`. A Hugging Face
+or TensorFlow checkpoint directory's vocab.txt is the default `config.vocab_file`.
 
 Mesh, optimizer, sharded state, train step and timer are `bert_jax.engine`'s, as in pre-training: the
 state is built sharded (`jax.eval_shape` -> logical partition specs -> `jax.jit(..., out_shardings=...)`)
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from typing import Any, Callable, Iterator, Mapping
 
 import flax.linen as nn
@@ -64,13 +70,21 @@ def _checkpoint_dir(path: str) -> str | None:
 
 
 def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
-    """Reads the architecture (and, for Hugging Face, the encoder weights) named by config.init_checkpoint.
+    """Reads the architecture (and, for Hugging Face and TensorFlow checkpoints, the encoder weights)
+    named by config.init_checkpoint.
+
+    A Hugging Face directory (config.json) and a google-research/bert TensorFlow checkpoint
+    (`convert.tf_checkpoint_prefix`: bert_model.ckpt.index or one *.ckpt.index, or a checkpoint prefix)
+    both give kind "hf": the encoder arrays in memory (`bert_params`), `path` the directory (its vocab.txt
+    is `resolve_vocab_file`'s default).
 
     Raises:
-      FileNotFoundError: init_checkpoint is neither a Hugging Face directory nor a directory with
-        bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none readable, or the
-        one step it names is unreadable).
-      ValueError: a bad model config (from `BertConfig`) or a bad Hugging Face directory (`from_hf`).
+      FileNotFoundError: init_checkpoint is neither a Hugging Face directory, nor a TensorFlow checkpoint,
+        nor a directory with bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none
+        readable, or the one step it names is unreadable); a TensorFlow checkpoint without bert_config.json.
+      ImportError: a TensorFlow checkpoint and TensorFlow is not installed (the `tf` extra).
+      ValueError: a bad model config (from `BertConfig`), a bad Hugging Face directory (`from_hf`) or a bad
+        TensorFlow checkpoint (`from_tf_checkpoint`).
     """
     path = config.init_checkpoint
     compute = {k: config.model[k] for k in JOB_FIELDS}
@@ -79,6 +93,10 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     if storage.is_file(storage.join(path, convert.CONFIG_NAME)):
         bert_config, params = convert.from_hf(path, scan_layers=config.model.scan_layers, **compute)
         return Initialisation("hf", path, bert_config, params["bert"])
+    prefix = convert.tf_checkpoint_prefix(path)
+    if prefix is not None:
+        bert_config, params = convert.from_tf_checkpoint(prefix, scan_layers=config.model.scan_layers, **compute)
+        return Initialisation("hf", os.path.dirname(prefix) or ".", bert_config, params["bert"])
     step = None
     parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else ("", path)
     if name.isdigit() and parent and storage.is_file(storage.join(path, "_CHECKPOINT_METADATA")):
@@ -86,7 +104,8 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
     ckpt_dir = _checkpoint_dir(path)
     if ckpt_dir is None:
         raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
-                                "nor a bert_jax run with checkpoints")
+                                "nor a TensorFlow checkpoint (bert_config.json + bert_model.ckpt) nor a bert_jax run "
+                                "with checkpoints")
     checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False, read_only=True)
     try:
         if step is None:  # the newest readable checkpoint; unreadable newer ones are moved aside
@@ -102,7 +121,8 @@ def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
 
 
 def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) -> str:
-    """config.vocab_file, else the Hugging Face directory's vocab.txt.
+    """config.vocab_file, else the vocab.txt of the Hugging Face directory or of the TensorFlow checkpoint's
+    directory (Google's released checkpoints ship theirs beside bert_config.json).
 
     Raises:
       ValueError: neither is available (a bert_jax checkpoint does not carry its vocabulary).
