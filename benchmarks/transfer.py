@@ -11,7 +11,8 @@ Stages (bert_jax.experiment):
   3. pre-training with `configs/pretrain.py:<recipe>` (both phases, one CPU device), checkpoints at the
      curve points; wall time, steps and tokens (non-padding) recorded;
   4. the transfer-versus-step curve: `--curve_probe` fine-tuned from each checkpoint (seed 0) beside
-     random init, with the MLM / NSP accuracy at that step;
+     random init, with the MLM / NSP accuracy at that step and the frozen features' linear probe
+     (`feature_probe`: logistic regression on the last layer's [CLS] and mean vectors, SST-2 2000 -> dev);
   5. the table: every probe from the final checkpoint and from random init, `--seeds` seeds each:
      mean +- sd, gain, gain in pooled sd (bar: > 3 on sst2_2k and squad);
   6. `--peer`: transformers' BertForPreTraining pre-trained on the same instances with the same recipe
@@ -94,6 +95,45 @@ def set_fields(config, assignments):
         if node is None or leaf not in node:
             raise ValueError(f"--set {assignment!r}: the recipe has no field {field!r}")
         node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) and isinstance(value, int) else value
+
+
+def feature_probe(init_checkpoint, vocab_file, model, train_examples=2000, max_seq_length=64):
+    """The paper's feature-based use (section 5.3) as a diagnostic: the frozen encoder's last layer on
+    SST-2 (its first `train_examples` training sentences -> all dev sentences), a logistic regression
+    (scikit-learn, standardised features, C by 5-fold cross-validation) on the [CLS] vector and on the
+    mean over the tokens -> dev accuracy (percent) of each. `init_checkpoint` "" is the random-init
+    network of `model`: a random encoder keeps each word's identity, so pre-training has to beat that."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from bert_jax import extract_features, modeling
+    from bert_jax.data import glue
+    from bert_jax.data.tokenization import Tokenizer
+    from bert_jax.tasks import finetune
+
+    tokenizer = Tokenizer(vocab_file)
+    folder = DATA / "glue" / "SST-2"
+    splits = {"train": glue.read_glue_tsv("sst2", str(folder / "train.tsv"))[:train_examples],
+              "dev": glue.read_glue_tsv("sst2", str(folder / "dev.tsv"))}
+    init = (finetune.Initialisation("random", "", modeling.BertConfig.from_dict(model)) if not init_checkpoint
+            else None)
+    features, labels = {}, {}
+    for split, examples in splits.items():
+        feats = extract_features.convert_examples([extract_features.Example(e.text_a) for e in examples],
+                                                  tokenizer, max_seq_length)
+        values = list(extract_features.extract(init_checkpoint, feats, "-1", init=init, batch_size=128,
+                                                max_seq_length=max_seq_length))  # each [tokens, 1, D]
+        features[split] = {"cls": np.stack([v[0, 0] for v in values]),
+                           "mean": np.stack([v[:, 0].mean(0) for v in values])}
+        labels[split] = np.array([e.label for e in examples])
+    out = {}
+    for kind in ("cls", "mean"):
+        classifier = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=8, cv=5, max_iter=3000))
+        classifier.fit(features["train"][kind], labels["train"])
+        out[kind] = 100.0 * classifier.score(features["dev"][kind], labels["dev"])
+    return out
 
 
 def main():
@@ -182,15 +222,22 @@ def main():
         scores = {lr: score(probe, init, 0, tag, lr) for lr in map(float, args.learning_rates.split(","))}
         return max(scores, key=scores.get)
 
-    # the transfer-versus-step curve
+    # the transfer-versus-step curve, with the frozen features' linear probe beside each fine-tuning score
+    def features(init, tag):
+        return _cached(os.path.join(finetune_dir, f"{tag}-features.json"),
+                       lambda: feature_probe(init, vocab_file, finetune_model.to_dict()))
+
     curve = []
     random_curve = score(args.curve_probe, "", 0, "random")
+    random_features = features("", "random")
     for step in curve_steps:
         near = min(records, key=lambda r: abs(r["step"] - step))
-        curve.append({"step": step, "score": score(args.curve_probe, os.path.join(run_dir, "checkpoints", str(step)),
-                                                   0, f"step{step}"),
+        checkpoint = os.path.join(run_dir, "checkpoints", str(step))
+        curve.append({"step": step, "score": score(args.curve_probe, checkpoint, 0, f"step{step}"),
+                      "features": features(checkpoint, f"step{step}"),
                       "mlm_accuracy": near["mlm_accuracy"], "nsp_accuracy": near["nsp_accuracy"]})
-    results["curve"] = {"probe": args.curve_probe, "random": random_curve, "points": curve}
+    results["curve"] = {"probe": args.curve_probe, "random": random_curve, "random_features": random_features,
+                        "points": curve}
 
     peer_dir = os.path.join(workdir, "peer")
     if args.peer:  # the same instances and recipe through transformers' BertForPreTraining
@@ -229,11 +276,16 @@ def print_table(results):
     print(f"\npre-training: {b['steps']} steps, {b['sequences']} sequences, {b['tokens'] / 1e6:.1f} M tokens, "
           f"{b['seconds'] / 60:.1f} min")
     print(f"curve ({results['curve']['probe']}, seed 0; random init {results['curve']['random']:.2f}):")
+    if "random_features" in results["curve"]:
+        f = results["curve"]["random_features"]
+        print(f"  frozen features, logistic regression on SST-2 2000 -> dev: random init [CLS] {f['cls']:.2f}, "
+              f"mean {f['mean']:.2f}")
     for p in results["curve"]["points"]:
         peer = (f"; peer {p['peer_score']:.2f} (MLM acc {p['peer_mlm_accuracy']:.3f}, NSP acc "
                 f"{p['peer_nsp_accuracy']:.3f})") if "peer_score" in p else ""
+        frozen = f"; frozen [CLS] {p['features']['cls']:.2f}, mean {p['features']['mean']:.2f}" if "features" in p else ""
         print(f"  step {p['step']:6d}: {p['score']:.2f}  (MLM acc {p['mlm_accuracy']:.3f}, NSP acc "
-              f"{p['nsp_accuracy']:.3f}){peer}")
+              f"{p['nsp_accuracy']:.3f}{frozen}){peer}")
     print("\n| probe | pre-trained | random init | gain | gain / pooled sd |\n|---|---|---|---|---|")
     for probe, t in results["table"].items():
         print(f"| {probe} | {t['pretrained_mean']:.2f} ± {t['pretrained_sd']:.2f} | {t['random_mean']:.2f} ± "

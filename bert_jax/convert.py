@@ -519,8 +519,8 @@ def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0,
     (tensorflow-cpu, which leaves accelerators to JAX).
 
     The config is bert_config.json as written: `hidden_act` "gelu" is bert_jax's exact erf GELU, as
-    transformers reads these checkpoints, while the original computed "gelu" with the tanh approximation;
-    pass hidden_act="gelu_new" to compute as the original did.
+    transformers reads these checkpoints and as google-research/bert's first release computed it (its
+    later modeling.py computes "gelu" with the tanh approximation: pass hidden_act="gelu_new" for that).
 
     Args:
       path: a directory with bert_config.json and bert_model.ckpt.{index,data-*} (else exactly one

@@ -42,7 +42,7 @@ from bert_jax import kernels
 Array = jax.Array
 
 _ACTIVATIONS: dict[str, Callable[[Array], Array] | None] = {
-    "gelu": None,  # exact erf GELU, as the original: the kernel set's
+    "gelu": None,  # exact erf GELU (the original's first release; transformers): the kernel set's
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
