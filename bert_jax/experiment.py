@@ -172,10 +172,11 @@ PROBES = {
     "squad": Probe("squad", "f1", dict(max_seq_length=256, doc_stride=128, max_query_length=48,
                                        num_train_epochs=2.0, learning_rate=1e-3, train_batch_size=32,
                                        predict_batch_size=64, max_predict_examples=2000)),
-    # The demo's SQuAD stage: short windows, a training subset (set max_train_examples, max_predict_examples).
+    # The demo's SQuAD stage: short windows, the first 2000 training questions -> the first 500 dev ones.
     "squad_demo": Probe("squad", "f1", dict(max_seq_length=128, doc_stride=64, max_query_length=32,
                                             num_train_epochs=2.0, learning_rate=1e-3, train_batch_size=32,
-                                            predict_batch_size=64)),
+                                            predict_batch_size=64, max_train_examples=2000,
+                                            max_predict_examples=500)),
 }
 PROBE_FILES = {"sst2": "glue/SST-2", "mrpc": "glue/MRPC",
                "squad": ("squad/train-v1.1-subset-44articles.json", "squad/dev-v1.1.json")}
