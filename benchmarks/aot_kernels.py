@@ -21,12 +21,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from bert_jax import aot, kernels, train  # noqa: E402
 from configs import pretrain  # noqa: E402
 
-SETS = ("reference", "xla_cpu")
+SETS = ("reference", "tpu", "xla_cpu")
 
 
 def measure(size: str, topology: str, kernel_set: str, dtype: str, phases: str = "") -> list[dict]:
     """Compiles every phase (or those in `phases`, comma-separated indices) of `configs/pretrain.py:<size>`
-    for `topology` with `kernel_set`: "reference", "xla_cpu", or one with a kernel swapped in from the
+    for `topology` with `kernel_set`: "reference", "tpu", "xla_cpu", or one with a kernel swapped in from the
     other set ("reference+dropout": reference with xla_cpu's dropout; "xla_cpu-gelu": xla_cpu with the
     reference GELU) -> per phase: bytes accessed, temporary bytes, FLOPs (per device and step)."""
     for sep, base in (("+", "reference"), ("-", "xla_cpu")):
@@ -82,11 +82,13 @@ def main():
                 row = results[name][i]
                 print(f"{run:<16} {label:<14} {name:<18} {row['bytes'] / 1e9:13.2f} GB {row['temp'] / 2**30:9.2f} "
                       f"{row['flops'] / 1e12:12.3f}", flush=True)
-            if sorted(sets) == sorted(SETS):
-                ref, cpu = results["reference"][i], results["xla_cpu"][i]
-                print(f"{run:<16} {label:<14} {'ratio':<18} {cpu['bytes'] / ref['bytes']:15.3f} "
-                      f"{cpu['temp'] / ref['temp']:9.3f} {cpu['flops'] / ref['flops']:12.3f}   (xla_cpu / reference)",
-                      flush=True)
+            if "reference" in sets:
+                ref = results["reference"][i]
+                for name in (n for n in sets if n != "reference"):
+                    row = results[name][i]
+                    print(f"{run:<16} {label:<14} {'ratio':<18} {row['bytes'] / ref['bytes']:15.3f} "
+                          f"{row['temp'] / ref['temp']:9.3f} {row['flops'] / ref['flops']:12.3f}   "
+                          f"({name} / reference)", flush=True)
 
 
 if __name__ == "__main__":

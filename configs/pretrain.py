@@ -49,7 +49,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
         param_dtype="float32",  # parameters stay float32
         scan_layers=False,  # nn.scan over layers (fast compile of deep models)
         remat_policy="none",  # none | full | dots | dots_no_batch
-        kernels="auto",  # auto | reference | xla_cpu (bert_jax.kernels; auto: xla_cpu on CPU only)
+        kernels="auto",  # auto | reference | xla_cpu | tpu (bert_jax.kernels; auto: xla_cpu on CPU, tpu on TPU)
     ))
 
 

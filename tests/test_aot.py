@@ -18,7 +18,7 @@ def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "v3-8: 8 devices, mesh {'data': 8, 'fsdp': 1, 'tensor': 1}" in out and ", grad_accum_steps 1" in out
-    assert ", kernels reference," in out  # auto, resolved for the TPU target (not the CPU host)
+    assert ", kernels tpu," in out  # auto, resolved for the TPU target (not the CPU host)
     lines = [line for line in out.splitlines() if line.strip().startswith("phase")]
     assert len(lines) == 2 and all("(fits)" in line for line in lines)
     assert all(float(line.split("HBM bytes accessed ")[1].split(" GB")[0]) > 0 for line in lines)

@@ -2,6 +2,7 @@
 independent truth (torch for GELU and LayerNorm, numpy argmax, autodiff of the plain formula) in value
 and gradient, float32 and bfloat16; the xla_cpu set against the reference set."""
 
+import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,13 +20,16 @@ def _tol(dtype, f32=1e-5, bf16=2e-2):
     return dict(rtol=f32, atol=f32) if dtype == "float32" else dict(rtol=bf16, atol=bf16)
 
 
-def test_auto_is_xla_cpu_only_when_compiling_for_the_cpu():
+def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_reference_elsewhere():
     assert kernels.resolve("auto", "cpu") == "xla_cpu"
-    assert kernels.resolve("auto", "tpu") == kernels.resolve("auto", "gpu") == "reference"
+    assert kernels.resolve("auto", "tpu") == "tpu" and kernels.resolve("auto", "gpu") == "reference"
     assert kernels.resolve("xla_cpu", "tpu") == "xla_cpu" and kernels.resolve("reference", "cpu") == "reference"
     assert kernels.resolve("auto") == "xla_cpu"  # these tests run on the CPU backend
-    assert kernels.get("auto", "tpu") is reference.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
-    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu'\]"):
+    assert kernels.get("auto", "gpu") is reference.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
+    tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
+    assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
+    assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu) == reference.KERNELS
+    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu'\]"):
         kernels.resolve("pallas")
     with pytest.raises(ValueError, match="model.kernels='cuda'"):
         modeling.BertConfig(kernels="cuda")

@@ -1,4 +1,4 @@
-"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu").
+"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu").
 
 `bert_jax.modeling` and `bert_jax.losses` write the paper's model in plain JAX/Flax; the few places
 where the compiler of one backend needs help get their operation from `get(name)`:
@@ -12,18 +12,20 @@ where the compiler of one backend needs help get their operation from `get(name)
   nll                  optax integer-label cross-entropy         hand-written gradient
   is_argmax            argmax == label                           one `any` reduction
 
-"auto" is "xla_cpu" when compiling for the CPU and "reference" for any other platform (TPU, GPU).
-Each xla_cpu kernel is tested against its reference form (value and gradient, float32 and bfloat16,
-tests/test_kernels.py) and stays only while it wins on XLA:CPU (benchmarks/train_step.py --ablate).
+The "tpu" set (`bert_jax.kernels.tpu`) is the reference with xla_cpu's GELU, the one kernel that also
+gives the TPU a lighter program (benchmarks/aot_kernels.py). "auto" is "xla_cpu" when compiling for the
+CPU, "tpu" for a TPU, and "reference" for any other platform (GPU). Each kernel is tested against its
+reference form (value and gradient, float32 and bfloat16, tests/test_kernels.py) and stays only while it
+wins where it runs (benchmarks/train_step.py --ablate on the CPU, benchmarks/aot_kernels.py on TPUs).
 """
 
 from __future__ import annotations
 
-KERNELS = ("auto", "reference", "xla_cpu")
+KERNELS = ("auto", "reference", "xla_cpu", "tpu")
 
 
 def resolve(name: str, platform: str | None = None) -> str:
-    """The kernel set `name` stands for on `platform` -> "reference" or "xla_cpu".
+    """The kernel set `name` stands for on `platform` -> "reference", "xla_cpu" or "tpu".
 
     Args:
       name: one of `KERNELS`.
@@ -41,7 +43,7 @@ def resolve(name: str, platform: str | None = None) -> str:
         import jax
 
         platform = jax.default_backend()
-    return "xla_cpu" if platform == "cpu" else "reference"
+    return {"cpu": "xla_cpu", "tpu": "tpu"}.get(platform, "reference")
 
 
 import contextlib  # noqa: E402
@@ -54,7 +56,7 @@ class Kernels:
     """One kernel set: the operations `bert_jax.modeling` and `bert_jax.losses` take from here.
 
     Attributes:
-      name: "reference" or "xla_cpu".
+      name: "reference", "xla_cpu" or "tpu".
       gelu: x [...] any float dtype -> exact (erf) GELU x * Phi(x), computed in float32, x's dtype.
       dot_general: a `jax.lax.dot_general` stand-in for the feed-forward block's first `nn.Dense`
         (x [..., D] . kernel [D, I]); None for flax's own.
@@ -89,6 +91,10 @@ def get(name: str, platform: str | None = None) -> Kernels:
         from bert_jax.kernels import xla_cpu
 
         return xla_cpu.KERNELS
+    if resolved == "tpu":
+        from bert_jax.kernels import tpu
+
+        return tpu.KERNELS
     from bert_jax.kernels import reference
 
     return reference.KERNELS
