@@ -146,6 +146,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.task not in glue.TASKS:
         raise ValueError(f"config.task={config.task!r} is not one of {sorted(glue.TASKS)}")
     spec = glue.TASKS[config.task]
+    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
     init = finetune.resolve_init(config)
     tokenizer = finetune.load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
@@ -179,14 +180,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     start = time.perf_counter()
     state, history = finetune.fit(state, step_fn, train, batch_size=config.train_batch_size,
                                   num_train_steps=num_train_steps, seed=config.seed, mesh=mesh, writer=writer,
-                                  log_every=config.log_every, desc=f"GLUE {config.task} fine-tuning")
+                                  log_every=config.log_every, desc=f"GLUE {config.task} fine-tuning",
+                                  padding=padding)
     metrics: dict[str, Any] = {"init": init.kind, "train_examples": len(train["labels"]),
                                "train_steps": num_train_steps, "train_seconds": time.perf_counter() - start,
                                "train_loss": history[-1]["loss"] if history else float("nan")}
     scores, prediction_files = {}, {}
     for split, dev in devs:
         out = finetune.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
-                               desc=f"GLUE {config.task} {split.file}")
+                               desc=f"GLUE {config.task} {split.file}", padding=padding)
         predictions, labels = _predictions(spec, out.logits), dev["labels"]
         scores.update({split.key + k: v for k, v in compute_metrics(config.task, predictions, labels).items()})
         metrics[split.key + "eval_examples"] = len(labels)
@@ -205,7 +207,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for split, examples in tests:
         test = features(examples)
         out = finetune.predict(predict_fn, state.params, test, batch_size=config.eval_batch_size, mesh=mesh,
-                               desc=f"GLUE {config.task} {split.file}")
+                               desc=f"GLUE {config.task} {split.file}", padding=padding)
         path = storage.join(workdir, SUBMISSION_DIR, split.key)
         if is_main:
             storage.makedirs(storage.join(workdir, SUBMISSION_DIR))

@@ -98,6 +98,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ValueError / FileNotFoundError: missing files, malformed lines (`conll.read_conll`), a bad
         checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
+    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
     init = finetune.resolve_init(config)
     tokenizer = finetune.load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
@@ -131,7 +132,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     arrays = {k: train[k] for k in (*finetune.INPUT_NAMES, *LABEL_NAMES)}
     state, history = finetune.fit(state, step_fn, arrays, batch_size=config.train_batch_size,
                                   num_train_steps=num_train_steps, seed=config.seed, mesh=mesh, writer=writer,
-                                  log_every=config.log_every, desc="CoNLL-2003 NER fine-tuning")
+                                  log_every=config.log_every, desc="CoNLL-2003 NER fine-tuning",
+                                  padding=padding)
     metrics: dict[str, Any] = {"init": init.kind, "labels": list(labels),
                                "iob_scheme": conll.iob_scheme(train_sentences),
                                "train_sentences": len(train_sentences), "train_sequences": len(train["labels"]),
@@ -141,7 +143,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for role, sentences in evals:
         feats = features(sentences)
         out = finetune.predict(predict_fn, state.params, feats, batch_size=config.eval_batch_size, mesh=mesh,
-                               desc=f"CoNLL-2003 {role}")
+                               desc=f"CoNLL-2003 {role}", padding=padding)
         predicted = conll.word_predictions(feats, np.argmax(out.logits, axis=-1), sentences, labels)
         scores.update({f"{role}_{k}": v for k, v in compute_metrics([s.tags for s in sentences], predicted).items()})
         metrics[f"{role}_sentences"] = len(sentences)

