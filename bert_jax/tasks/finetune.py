@@ -157,6 +157,22 @@ def load_tokenizer(config: ml_collections.ConfigDict, init: Initialisation) -> T
     return tokenizer
 
 
+def load_encoder(config: ml_collections.ConfigDict) -> tuple[Initialisation, Tokenizer]:
+    """What every task job starts from: `resolve_init(config)` and `load_tokenizer(config, init)`, with
+    config.max_seq_length checked against the encoder's positions.
+
+    Raises:
+      the errors of `resolve_init` and `load_tokenizer`;
+      ValueError: config.max_seq_length over the encoder's max_position_embeddings.
+    """
+    init = resolve_init(config)
+    tokenizer = load_tokenizer(config, init)
+    if config.max_seq_length > init.config.max_position_embeddings:
+        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
+                         f"{init.config.max_position_embeddings}")
+    return init, tokenizer
+
+
 def _select(tree: Mapping, like: Mapping) -> dict:
     """The subtree of `tree` with the keys of `like` (e.g. the encoder without the pooler)."""
     return {k: _select(tree[k], v) if isinstance(v, Mapping) else tree[k] for k, v in like.items()}

@@ -147,11 +147,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         raise ValueError(f"config.task={config.task!r} is not one of {sorted(glue.TASKS)}")
     spec = glue.TASKS[config.task]
     padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
-    init = finetune.resolve_init(config)
-    tokenizer = finetune.load_tokenizer(config, init)
-    if config.max_seq_length > init.config.max_position_embeddings:
-        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
-                         f"{init.config.max_position_embeddings}")
+    init, tokenizer = finetune.load_encoder(config)
 
     def features(examples):
         return glue.convert_examples_to_features(examples, tokenizer, config.max_seq_length, spec.is_regression)

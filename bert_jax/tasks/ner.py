@@ -99,11 +99,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
     padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
-    init = finetune.resolve_init(config)
-    tokenizer = finetune.load_tokenizer(config, init)
-    if config.max_seq_length > init.config.max_position_embeddings:
-        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
-                         f"{init.config.max_position_embeddings}")
+    init, tokenizer = finetune.load_encoder(config)
     train_sentences = _sentences(config, "train")
     if config.max_train_examples > 0:
         train_sentences = train_sentences[:config.max_train_examples]

@@ -155,11 +155,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     if not config.train_file and not config.predict_file:
         raise ValueError("set config.train_file and/or config.predict_file")
-    init = finetune.resolve_init(config)
-    tokenizer = finetune.load_tokenizer(config, init)
-    if config.max_seq_length > init.config.max_position_embeddings:
-        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
-                         f"{init.config.max_position_embeddings}")
+    init, tokenizer = finetune.load_encoder(config)
     feature_args = dict(max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
                         max_query_length=config.max_query_length,
                         version_2_with_negative=config.version_2_with_negative)
