@@ -172,6 +172,21 @@ def test_vocabulary_larger_than_the_model_is_one_line(task, data_dir, tmp_path):
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
 
+def test_sequences_longer_than_the_encoders_positions_are_one_line(data_dir, tmp_path):
+    """finetune.load_encoder, which every job calls first: max_seq_length over max_position_embeddings."""
+    config = glue_config.get_config("sst2")
+    config.model = pretrain.model_config("tiny")
+    config.model.max_position_embeddings = 64
+    config.vocab_file = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    config.data_dir, config.max_seq_length = str(data_dir / "glue" / "SST-2"), 65
+    with pytest.raises(ValueError, match=r"^config.max_seq_length=65 exceeds max_position_embeddings=64$"):
+        glue_task.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    config.max_seq_length = 64
+    init, tokenizer = finetune.load_encoder(config)
+    assert init.kind == "random" and tokenizer.vocab_size == 30522
+
+
 def test_squad_finetunes_from_a_bert_jax_checkpoint(pretrained, small_squad, data_dir, tmp_path):
     vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
     config = _squad_config(pretrained, vocab, small_squad)
