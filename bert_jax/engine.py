@@ -198,9 +198,10 @@ def _accumulate(grad_fn, params, batch: Batch, dropout_rng, k: int, denominators
     return grads, metrics
 
 
-def batch_shardings(mesh: jax.sharding.Mesh, ranks: Mapping[str, int]) -> dict[str, jax.sharding.NamedSharding]:
-    """{name: sharding of an input of that rank}: rows over (data, fsdp), other dimensions replicated."""
-    return {name: sharding.batch_sharding(mesh, rank) for name, rank in ranks.items()}
+def batch_shardings(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    """The sharding of every array of a batch, as a pytree prefix of the batch dict: rows over
+    (data, fsdp), other dimensions replicated, whatever the fields and their ranks (>= 1)."""
+    return sharding.batch_sharding(mesh, 1)
 
 
 def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
@@ -209,13 +210,12 @@ def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
 
 
 def jit_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                   mesh: jax.sharding.Mesh, shardings: Any, batch_ranks: Mapping[str, int], *,
+                   mesh: jax.sharding.Mesh, shardings: Any, *,
                    grad_accum_steps: int = 1, denominators: Callable[[Batch], Any] | None = None) -> Callable:
     """`train_step` under one `jax.jit`: (state, batch) -> (state, metrics).
 
     Args:
       shardings: the TrainState tree of NamedShardings (`state_shardings`); the state's buffers are donated.
-      batch_ranks: {name: rank} of the batch's arrays, each sharded over its rows (data, fsdp).
       loss_fn, tx, schedule, grad_accum_steps, denominators: as `train_step`.
 
     Nothing is compiled here: jax compiles on the first call (or `.lower(...).compile()`), once per
@@ -223,14 +223,13 @@ def jit_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule: 
     """
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                              grad_accum_steps=grad_accum_steps, denominators=denominators)
-    return jax.jit(step, in_shardings=(shardings, batch_shardings(mesh, batch_ranks)),
+    return jax.jit(step, in_shardings=(shardings, batch_shardings(mesh)),
                    out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
 
 
-def jit_eval_step(fn: Callable[[Any, Batch], Any], mesh: jax.sharding.Mesh, param_shardings: Any,
-                  batch_ranks: Mapping[str, int]) -> Callable:
+def jit_eval_step(fn: Callable[[Any, Batch], Any], mesh: jax.sharding.Mesh, param_shardings: Any) -> Callable:
     """`fn(params, batch)` (a deterministic forward pass) under one `jax.jit`, its outputs replicated."""
-    return jax.jit(fn, in_shardings=(param_shardings, batch_shardings(mesh, batch_ranks)),
+    return jax.jit(fn, in_shardings=(param_shardings, batch_shardings(mesh)),
                    out_shardings=replicated(mesh))
 
 

@@ -93,14 +93,27 @@ def regression_loss(logits: Array, labels: Array) -> tuple[Array, Array]:
     return jnp.sum(jnp.square(error)), jnp.asarray(error.shape[0], jnp.float32)
 
 
-def next_sentence_loss(logits: Array, next_sentence_labels: Array) -> tuple[Array, Array]:
-    """The 2-class `classification_loss`: logits [B, 2], labels int32 [B] (0 IsNext, 1 NotNext)."""
-    return classification_loss(logits, next_sentence_labels)
+def next_sentence_loss(logits: Array, next_sentence_labels: Array,
+                       next_sentence_weights: Array | None = None) -> tuple[Array, Array]:
+    """Next-sentence cross-entropy: (sum over instances of weight * nll, sum of weights), float32 scalars.
+
+    Args:
+      logits: [B, 2], or [B, K, 2] for packed rows (one per instance).
+      next_sentence_labels: int32 [B] (0 IsNext, 1 NotNext), or [B, K].
+      next_sentence_weights: float32 [B, K], 1.0 for a real instance, 0.0 for a padding entry; None: all
+        ones (the `classification_loss` of unpacked rows).
+    """
+    nll = _cross_entropy(logits, next_sentence_labels)
+    weights = jnp.ones_like(nll) if next_sentence_weights is None else next_sentence_weights.astype(jnp.float32)
+    return jnp.sum(nll * weights), jnp.sum(weights)
 
 
-def next_sentence_accuracy(logits: Array, next_sentence_labels: Array) -> tuple[Array, Array]:
-    """The 2-class `classification_accuracy`: logits [B, 2], labels int32 [B]."""
-    return classification_accuracy(logits, next_sentence_labels)
+def next_sentence_accuracy(logits: Array, next_sentence_labels: Array,
+                           next_sentence_weights: Array | None = None) -> tuple[Array, Array]:
+    """(weighted count of argmax == label, sum of weights); shapes as `next_sentence_loss`."""
+    correct = (jnp.argmax(logits, axis=-1) == next_sentence_labels).astype(jnp.float32)
+    weights = jnp.ones_like(correct) if next_sentence_weights is None else next_sentence_weights.astype(jnp.float32)
+    return jnp.sum(correct * weights), jnp.sum(weights)
 
 
 def _ratio(pair: tuple[Array, Array]) -> Array:
@@ -114,10 +127,12 @@ def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, A
     """Total pre-training loss = mean masked-LM loss + mean next-sentence loss (paper, appendix A.2).
 
     Args:
-      mlm_logits: [B, P, V]; nsp_logits: [B, 2] (from `BertForPreTraining`).
+      mlm_logits: [B, P, V]; nsp_logits: [B, 2], or [B, K, 2] for packed rows (from `BertForPreTraining`).
       batch: mapping with masked_lm_ids int32 [B, P], masked_lm_weights float32 [B, P] and
-        next_sentence_labels int32 [B].
-      denominators: (sum of masked_lm_weights, number of sequences), float32 scalars, of a larger batch
+        next_sentence_labels int32 [B]; packed rows: next_sentence_labels and next_sentence_weights [B, K].
+        Both losses are means over instances' predictions and instances, so a packed batch gives the
+        loss of the same instances unpacked.
+      denominators: (sum of masked_lm_weights, number of instances), float32 scalars, of a larger batch
         that this one is a micro-batch of; default this batch's own. With them, the losses and
         accuracies of the micro-batches add up to those of the whole batch (gradient accumulation that
         equals one big batch even when micro-batches hold different numbers of predictions).
@@ -128,9 +143,10 @@ def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, A
       `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of this batch's masked_lm_weights).
     """
     mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
-    nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"])
+    nsp_weights = batch.get("next_sentence_weights")
+    nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"], nsp_weights)
     mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
-    nsp_correct = next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"])
+    nsp_correct = next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"], nsp_weights)
     mlm_count, nsp_count = denominators if denominators is not None else (mlm[1], nsp[1])
     mlm_loss, nsp_loss = _ratio((mlm[0], mlm_count)), _ratio((nsp[0], nsp_count))
     metrics = {

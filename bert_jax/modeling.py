@@ -5,10 +5,16 @@ Architecture as in Devlin et al. 2018 (arXiv 1810.04805, section 3) and google-r
 with exact (erf) GELU, a tanh pooler on [CLS], a masked-LM head tied to the word embeddings and
 evaluated only at `masked_lm_positions`, and a next-sentence head on the pooled output.
 
+Packed rows (several pre-training instances in one row, Krell et al. 2021, "Efficient Sequence Packing
+without Cross-contamination"): `segment_ids` [B, L] (1, 2, ... per instance, 0 padding) restrict
+attention to the tokens of the same instance, `position_ids` [B, L] restart at 0 in each instance, and
+the pooler and next-sentence head run at each instance's [CLS] (`next_sentence_positions` [B, K]). An
+instance then gets exactly the outputs it gets alone in an unpacked row.
+
 Dimension key used in shapes and einsum strings:
   B batch, L sequence length, D hidden_size, N num_attention_heads, H head size (D / N),
   I intermediate_size, V vocab_size, P max predictions per sequence, T type_vocab_size,
-  S max_position_embeddings, C number of classes.
+  S max_position_embeddings, C number of classes, K instances per packed row.
 
 Sharding: every parameter is created with logical axis names (`nn.with_logical_partitioning`) and
 activations are constrained at block boundaries (`nn.with_logical_constraint`). Both are no-ops unless
@@ -176,7 +182,8 @@ class BertOutput:
 
     Attributes:
       sequence_output: [B, L, D] in config.dtype, the last layer's hidden states.
-      pooled_output: [B, D] in config.dtype, tanh(dense(sequence_output[:, 0])); None without pooler.
+      pooled_output: [B, D] in config.dtype, tanh(dense(sequence_output[:, 0])); [B, K, D] at the K
+        `pooled_positions` when given; None without pooler.
       hidden_states: with `output_hidden_states=True`, num_hidden_layers + 1 arrays [B, L, D] in
         config.dtype: the embedding output, then each layer's output (transformers' `hidden_states`;
         the last is sequence_output); None otherwise.
@@ -193,8 +200,9 @@ class PreTrainingOutput:
 
     Attributes:
       mlm_logits: [B, P, V] float32, masked-LM logits at `masked_lm_positions` only.
-      nsp_logits: [B, 2] float32, next-sentence logits (index 0 = IsNext, 1 = NotNext).
-      sequence_output: [B, L, D], pooled_output: [B, D], as in `BertOutput`.
+      nsp_logits: [B, 2] float32, next-sentence logits (index 0 = IsNext, 1 = NotNext); [B, K, 2], one per
+        instance, for packed rows.
+      sequence_output: [B, L, D], pooled_output: [B, D] (packed: [B, K, D]), as in `BertOutput`.
     """
 
     mlm_logits: Array
@@ -274,15 +282,17 @@ class BertEmbeddings(nn.Module):
         self.layer_norm = _layer_norm(c, "LayerNorm")
         self.dropout = _kernels(c).dropout(c.hidden_dropout_prob)
 
-    def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
+    def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool,
+                 position_ids: Array | None = None) -> Array:
         """input_ids, token_type_ids: int32 [B, L] -> embeddings [B, L, D] in config.dtype.
 
         Args:
           input_ids: int32 [B, L] WordPiece ids in [0, V); L <= max_position_embeddings.
           token_type_ids: int32 [B, L] segment ids in [0, T).
           deterministic: disables dropout when True.
-
-        Positions are 0..L-1 (the first L rows of the [S, D] table). Nothing is checked here (the
+          position_ids: int32 [B, L] rows of the position table (packed rows: 0.. within each instance);
+            None: 0..L-1 (the first L rows of the [S, D] table).
+ Nothing is checked here (the
         ValueError checks are `BertModel`'s): an id >= V (or type >= T) gives a NaN row (`jnp.take`'s
         default "fill" mode) and a negative one (>= -V) counts from the end of the table.
 
@@ -293,7 +303,10 @@ class BertEmbeddings(nn.Module):
         """
         # Summed in param_dtype (float32) so that bfloat16 compute loses nothing before the LayerNorm.
         words = jnp.take(self.word_embeddings.embedding, input_ids, axis=0)  # [B, L, D]
-        positions = self.position_embeddings.embedding[:input_ids.shape[1]][None]  # [1, L, D]
+        if position_ids is None:
+            positions = self.position_embeddings.embedding[:input_ids.shape[1]][None]  # [1, L, D]
+        else:
+            positions = jnp.take(self.position_embeddings.embedding, position_ids, axis=0)  # [B, L, D]
         types = jnp.take(self.token_type_embeddings.embedding, token_type_ids, axis=0)  # [B, L, D]
         x = self.dropout(self.layer_norm(words + positions + types), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -310,7 +323,8 @@ class BertSelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> Array:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding) -> [B, L, D].
+        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding), or [B, 1, L, L]
+        for packed rows (`segment_mask_bias`) -> [B, L, D].
 
         Scaled dot-product attention (Vaswani et al. 2017, section 3.2): softmax(q k^T / sqrt(H) + mask_bias) v
         per head. x (any float dtype) is cast to config.dtype; scores and softmax are float32; the output is
@@ -419,14 +433,25 @@ def attention_mask_bias(attention_mask: Array) -> Array:
     return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
 
 
-def _check_inputs(config: BertConfig, input_ids: Array, token_type_ids, attention_mask):
+def segment_mask_bias(segment_ids: Array) -> Array:
+    """Packed rows' mask: int [B, L] (1, 2, ... per instance, 0 padding) -> float32 [B, 1, L, L] additive bias,
+    0 where query and key are in the same segment, float32 min elsewhere. Padding attends to padding only
+    (its outputs are never read), so no row of the softmax is fully masked. The same rule as splash
+    attention's `SegmentIds` (jax.experimental.pallas.ops.tpu.splash_attention)."""
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    return jnp.where(same, 0.0, jnp.finfo(jnp.float32).min)
+
+
+def _check_inputs(config: BertConfig, input_ids: Array, token_type_ids, attention_mask, segment_ids=None,
+                  position_ids=None):
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
     if input_ids.shape[1] > config.max_position_embeddings:
         raise ValueError(
             f"input_ids length {input_ids.shape[1]} exceeds max_position_embeddings="
             f"{config.max_position_embeddings}")
-    for name, value in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+    for name, value in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask),
+                        ("segment_ids", segment_ids), ("position_ids", position_ids)):
         if value is not None and value.shape != input_ids.shape:
             raise ValueError(f"{name} shape {value.shape} differs from input_ids shape {input_ids.shape}")
 
@@ -451,16 +476,24 @@ class BertModel(nn.Module):
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True,
-                 output_hidden_states: bool = False) -> BertOutput:
+                 output_hidden_states: bool = False, segment_ids: Array | None = None,
+                 position_ids: Array | None = None, pooled_positions: Array | None = None) -> BertOutput:
         """Encodes a batch.
 
         Args:
           input_ids: int32 [B, L] WordPiece ids, L <= max_position_embeddings.
           token_type_ids: int32 [B, L], 0 sentence A, 1 sentence B; zeros when None.
-          attention_mask: int32 [B, L], 1 real token, 0 padding; all ones when None.
+          attention_mask: int32 [B, L], 1 real token, 0 padding; all ones when None. Ignored when
+            segment_ids is given.
           deterministic: disables dropout when True.
           output_hidden_states: also return every layer's output (the feature-based approach, paper
             section 5.3; google-research/bert's `get_all_encoder_layers` plus the embedding output).
+          segment_ids: int32 [B, L] of packed rows, 1, 2, ... per instance and 0 on padding: a token attends
+            only to tokens of its own segment (`segment_mask_bias`).
+          position_ids: int32 [B, L] position-table rows (packed rows: restarting at 0 in each instance);
+            None: 0..L-1.
+          pooled_positions: int32 [B, K], the pooler's inputs (each packed instance's [CLS]); None: [CLS]
+            at 0 only.
 
         Returns:
           BertOutput with sequence_output [B, L, D] and pooled_output [B, D] (config.dtype), and
@@ -470,15 +503,18 @@ class BertModel(nn.Module):
         Raises:
           ValueError: for a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes.
         """
-        _check_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        _check_inputs(self.config, input_ids, token_type_ids, attention_mask, segment_ids, position_ids)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        if attention_mask is None:
-            attention_mask = jnp.ones_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids, deterministic)
-        x = self.encoder(x, attention_mask_bias(attention_mask), deterministic, output_hidden_states)
+        if segment_ids is not None:
+            mask_bias = segment_mask_bias(segment_ids)
+        else:
+            mask_bias = attention_mask_bias(jnp.ones_like(input_ids) if attention_mask is None else attention_mask)
+        x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
+        x = self.encoder(x, mask_bias, deterministic, output_hidden_states)
         x, hidden_states = x if output_hidden_states else (x, None)
-        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None
+        first = x[:, 0] if pooled_positions is None else gather_positions(x, pooled_positions)  # [B, D] / [B, K, D]
+        pooled = jnp.tanh(self.pooler(first)) if self.add_pooling_layer else None
         return BertOutput(sequence_output=x, pooled_output=pooled, hidden_states=hidden_states)
 
     def attend(self, x: Array, bias: Array) -> Array:
@@ -520,24 +556,29 @@ class BertForPreTraining(nn.Module):
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, masked_lm_positions: Array | None = None,
-                 deterministic: bool = True) -> PreTrainingOutput:
-        """Pre-training forward pass.
+                 deterministic: bool = True, segment_ids: Array | None = None, position_ids: Array | None = None,
+                 next_sentence_positions: Array | None = None) -> PreTrainingOutput:
+        """Pre-training forward pass, on instances one per row or packed several per row.
 
         Args:
           input_ids, token_type_ids, attention_mask: int32 [B, L], as `BertModel`.
           masked_lm_positions: int32 [B, P], positions in [0, L) to predict (zero padded).
           deterministic: disables dropout when True.
+          segment_ids, position_ids: int32 [B, L] of packed rows, as `BertModel`.
+          next_sentence_positions: int32 [B, K], the [CLS] position of each instance of a packed row
+            (padding entries: any position in [0, L), their logits are weighted 0 by the loss).
 
         Returns:
-          PreTrainingOutput: mlm_logits float32 [B, P, V], nsp_logits float32 [B, 2], and the encoder
-          outputs.
+          PreTrainingOutput: mlm_logits float32 [B, P, V], nsp_logits float32 [B, 2] ([B, K, 2] with
+          next_sentence_positions), and the encoder outputs.
 
         Raises:
           ValueError: masked_lm_positions missing or not [B, P]; the errors of `BertModel`.
         """
         if masked_lm_positions is None or masked_lm_positions.ndim != 2:
             raise ValueError("masked_lm_positions must be given as int32 [batch, max_predictions]")
-        out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)
+        out = self.bert(input_ids, token_type_ids, attention_mask, deterministic, segment_ids=segment_ids,
+                        position_ids=position_ids, pooled_positions=next_sentence_positions)
         return PreTrainingOutput(
             mlm_logits=self.mlm_logits(out.sequence_output, masked_lm_positions),
             nsp_logits=self.nsp(out.pooled_output).astype(jnp.float32),

@@ -41,6 +41,8 @@ from bert_jax import checkpointing, distributed, engine, flops, losses, modeling
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                 "masked_lm_weights", "next_sentence_labels")
+# The fields packed rows add (`bert_jax.data.packing`): next_sentence_labels is then [B, K].
+PACKED_FIELDS = ("segment_ids", "position_ids", "next_sentence_positions", "next_sentence_weights")
 
 
 TrainState = engine.TrainState
@@ -60,6 +62,8 @@ class Phase:
     max_predictions_per_seq: int
     batch_size: int
     data_dir: str
+    packing: bool = False  # several instances per row (bert_jax.data.packing)
+    max_instances: int = 0  # K, instances per packed row (0: packing.default_max_instances)
 
 
 def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
@@ -82,7 +86,10 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
         if p.max_seq_length > config.model.max_position_embeddings:
             raise ValueError(f"config.phases[{i}].max_seq_length={p.max_seq_length} exceeds "
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
-        phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir))
+        if p.get("max_instances", 0) < 0:
+            raise ValueError(f"config.phases[{i}].max_instances={p.max_instances} must be >= 0 (0: the default)")
+        phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir,
+                            bool(p.get("packing", False)), int(p.get("max_instances", 0))))
         start = end
     return phases
 
@@ -212,16 +219,21 @@ def loss_and_metrics(params: Any, batch: Batch, dropout_rng: jax.Array, denomina
     [B, ...]) -> `losses.pretraining_loss` (float32 scalar loss = mean MLM + mean NSP, and its metrics),
     normalised by `denominators` (`loss_denominators` of a whole batch this is a micro-batch of) if given."""
     out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                      batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng})
+                      batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng},
+                      segment_ids=batch.get("segment_ids"), position_ids=batch.get("position_ids"),
+                      next_sentence_positions=batch.get("next_sentence_positions"))
     return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators, kernels=model.config.kernels)
 
 
 def loss_denominators(batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """(sum of masked_lm_weights, number of sequences), float32 scalars: the whole batch's normalisers
+    """(sum of masked_lm_weights, number of instances), float32 scalars: the whole batch's normalisers
     under gradient accumulation, so k micro-batches add up to the whole batch even when they hold
-    different numbers of masked positions."""
-    return (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32))
+    different numbers of masked positions (or, packed, of instances)."""
+    if "next_sentence_weights" in batch:
+        instances = jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
+    else:
+        instances = jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)
+    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), instances
 
 
 def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
@@ -238,10 +250,9 @@ def compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps: int = 
     step over the batch's grad_accum_steps micro-batches. Metrics (float32 scalars): loss, mlm_loss,
     mlm_accuracy, nsp_loss, nsp_accuracy, num_predictions, grad_norm, learning_rate.
     """
-    ranks = {k: 1 if k == "next_sentence_labels" else 2 for k in BATCH_FIELDS}
     step = engine.jit_train_step(functools.partial(loss_and_metrics, model=model), tx, schedule, mesh, shardings,
-                                 ranks, grad_accum_steps=grad_accum_steps, denominators=loss_denominators)
-    evaluate = engine.jit_eval_step(functools.partial(eval_step, model=model), mesh, shardings.params, ranks)
+                                 grad_accum_steps=grad_accum_steps, denominators=loss_denominators)
+    evaluate = engine.jit_eval_step(functools.partial(eval_step, model=model), mesh, shardings.params)
     return step, evaluate
 
 
@@ -275,11 +286,10 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     return Program(model, tx, schedule, abstract, shardings, step, evaluate)
 
 
-def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh,
-                 fields: tuple[str, ...] = BATCH_FIELDS) -> Batch:
-    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp), for the keys `fields`
-    (`engine.global_batch`)."""
-    return engine.global_batch(local, mesh, fields)
+def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch:
+    """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp) (`engine.global_batch`), for
+    BATCH_FIELDS and, in a packed batch, PACKED_FIELDS."""
+    return engine.global_batch(local, mesh, BATCH_FIELDS + tuple(k for k in PACKED_FIELDS if k in local))
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -318,7 +328,8 @@ def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None
 
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
-        max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq)
+        max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
+        packing=phase.packing, max_instances=phase.max_instances or None)
     if state is not None:
         it.set_state(state)
     return it

@@ -129,11 +129,11 @@ def test_bucketed_batches_cut_only_padding(group):
     assert (padded < 0.6 * ungrouped) if group else padded == ungrouped
 
 
-def _steps(model, loss_fn, label_names, mesh, config):
+def _steps(model, loss_fn, mesh, config):
     init = finetune.Initialisation("random", "", model.config)
     tx, schedule = finetune.create_optimizer(config, 8)
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=0)
-    return state, finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, label_names)
+    return state, finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_bucketed_predictions_equal_full_length_in_order(mesh):
     mask = arrays["attention_mask"] > 0
     for model in (modeling.BertForSequenceClassification(_config(), num_labels=3),
                   modeling.BertForTokenClassification(_config(), num_labels=5)):
-        state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), (), mesh, config)
+        state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, config)
         fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh)
         assert predict_fn._cache_size() == 1
         ours = finetune.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh, padding=padding)
@@ -176,7 +176,7 @@ def test_multiple_choice_bucketed_predictions(mesh):
     """SWAG's [N, 4, L] inputs are cut on their last axis: choice logits equal the full-length ones."""
     arrays = _arrays(11, seed=4, lo=2, hi=30, choices=4)  # every batch cut to 32
     model = modeling.BertForMultipleChoice(_config())
-    state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), (), mesh, swag_config.get_config())
+    state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, swag_config.get_config())
     fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh)
     ours = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh, padding=finetune.Padding((32,)))
     assert ours.logits.shape == (11, 4) and predict_fn._cache_size() == 2
@@ -196,7 +196,7 @@ def test_training_same_loss_and_one_program_per_bucket(mesh):
 
     curves = []
     for padding in (finetune.FIXED, finetune.Padding(BUCKETS)):
-        state, (step_fn, _) = _steps(model, loss_fn, ("labels", "token_labels", "label_weights"), mesh, config)
+        state, (step_fn, _) = _steps(model, loss_fn, mesh, config)
         _, history = finetune.fit(state, step_fn, arrays, batch_size=16, num_train_steps=6, seed=0, mesh=mesh,
                                   log_every=1, padding=padding)
         curves.append([h["loss"] for h in history])
@@ -205,7 +205,7 @@ def test_training_same_loss_and_one_program_per_bucket(mesh):
     used = {b["input_ids"].shape[1] for b, _, _ in finetune.local_batches(arrays, 16, seed=0, drop_remainder=True,
                                                                           padding=finetune.Padding(BUCKETS))}
     assert ungrouped == len(used) > 1
-    state, _ = _steps(model, loss_fn, ("labels", "token_labels", "label_weights"), mesh, config)
+    state, _ = _steps(model, loss_fn, mesh, config)
     grouped = dataclasses.replace(finetune.Padding(BUCKETS), group_by_length=True, group_size=2)
     finetune.fit(state, step_fn, arrays, batch_size=16, num_train_steps=6, seed=0, mesh=mesh, padding=grouped)
     used |= {b["input_ids"].shape[1] for b, _, _ in

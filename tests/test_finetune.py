@@ -218,8 +218,7 @@ def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
         state, shardings = finetune.create_state(model, tx, mesh, init, seed=0)
         step, _ = finetune.compile_steps(
             model, tx, schedule, mesh, shardings,
-            lambda out, b: losses.span_loss(out.start_logits, out.end_logits, b["start_positions"], b["end_positions"]),
-            squad_task.LABEL_NAMES)
+            lambda out, b: losses.span_loss(out.start_logits, out.end_logits, b["start_positions"], b["end_positions"]))
         _, history = finetune.fit(state, step, feats.model_inputs(), batch_size=8, num_train_steps=3, seed=0,
                                   mesh=mesh, log_every=1)
         curves.append([h["loss"] for h in history])

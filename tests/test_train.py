@@ -310,9 +310,21 @@ def uninterrupted(instances, tmp_path_factory):
     return _final_params(workdir, 30)
 
 
-def _kill_at(instances, workdir, at_least, delay):
+PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_packed(instances, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("uninterrupted_packed")
+    result = subprocess.run(_cmd(instances, workdir, extra=PACKED), cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _final_params(workdir, 30)
+
+
+def _kill_at(instances, workdir, at_least, delay, extra=()):
     """Starts a run, SIGKILLs it `delay` seconds after its first checkpoint at a step >= at_least."""
-    proc = subprocess.Popen(_cmd(instances, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cmd(instances, workdir, extra=extra), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not [s for s in _steps(workdir) if s >= at_least]:
@@ -343,6 +355,27 @@ def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, t
     assert resumed.keys() == uninterrupted.keys()
     for k in resumed:
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
+
+
+def test_sigkill_then_resume_is_bit_identical_with_packing(instances, uninterrupted_packed, uninterrupted, tmp_path):
+    """Both phases packed (grain's packer state in the checkpoint): killed in phase 1, the resumed run
+    crosses the switch and ends with the uninterrupted packed run's parameters, bit for bit (and not
+    with the unpacked run's: packing changes the batches)."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    at_least, delay = rng.randint(3, 8), rng.uniform(0.0, 0.2)
+    print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
+    _kill_at(instances, tmp_path, at_least, delay, extra=PACKED)
+    killed_at = max(_steps(tmp_path))
+    assert killed_at < 15
+    result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED), cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
+    resumed = _final_params(tmp_path, 30)
+    for k in resumed:
+        np.testing.assert_array_equal(resumed[k], uninterrupted_packed[k], err_msg=k)
+    assert any(not np.array_equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
 def test_sigterm_saves_and_exits_cleanly(instances, tmp_path):

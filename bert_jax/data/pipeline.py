@@ -42,6 +42,13 @@ Orbax: PretrainingIterator is a `grain.DatasetIterator`, so grain's own Orbax ha
 It writes `process_{i}-of-{n}.json` holding `get_state()`; restoring that way needs the same
 process_count (the JSON state itself does not).
 
+Packing (`packing=True`, `bert_jax.data.packing`): the shuffled, repeated instances are split between
+processes one instance at a time ([process_index::process_count]), unpadded, packed several per row by
+grain's best-fit packer, and batched; the batch gains segment_ids, position_ids, next_sentence_positions
+and next_sentence_weights and next_sentence_labels becomes [B, K] (layout in `packing`). The state is
+grain's iterator state (the position where the current packing window started, and the rows already
+emitted from it): a resumed iterator gives the same rows, and needs the same process_count.
+
 Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_prefetch and
 `grain.checkpoint.CheckpointSave/CheckpointRestore`); the batch fields are those of google-research/bert
 `run_pretraining.py` `input_fn_builder`.
@@ -64,6 +71,7 @@ from bert_jax.data import pretraining
 _READ_OPTIONS = grain.ReadOptions(num_threads=8, prefetch_buffer_size=16)
 # The settings a state must match to be restored (besides `next_batch`).
 _STATE_KEYS = ("seed", "shuffle", "num_epochs", "global_batch_size", "num_instances")
+_PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count")
 
 
 def _decode_batch(records: Sequence[bytes], max_seq_length: int,
@@ -149,6 +157,64 @@ class PretrainingIterator(grain.DatasetIterator):
             self._it.close()
 
 
+class PackedPretrainingIterator(grain.DatasetIterator):
+    """Per-process batches of packed rows (module docstring: Packing); checkpointable as
+    `PretrainingIterator`, with grain's own iterator state inside its state.
+
+    Attributes:
+      metadata: the directory's metadata.json.
+      local_batch_size: rows per batch on this process.
+    """
+
+    def __init__(self, batches: grain.IterDataset, *, metadata: dict, local_batch_size: int,
+                 settings: dict[str, Any]):
+        super().__init__()
+        self._batches = batches
+        self._settings = settings
+        self.metadata = metadata
+        self.local_batch_size = local_batch_size
+        self._it = iter(batches)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        """{"grain": grain's iterator state, plus the settings it is valid for}; JSON-serialisable."""
+        return {"grain": self._it.get_state(), **self._settings}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from `state` (from `get_state`).
+
+        Raises:
+          ValueError: a state made with other settings (those of `PretrainingIterator`, the packing
+            settings or another process_count), or without grain's state.
+        """
+        for key in _PACKED_STATE_KEYS:
+            if state.get(key) != self._settings[key]:
+                raise ValueError(f"iterator state has {key}={state.get(key)!r}, this iterator "
+                                 f"{key}={self._settings[key]!r}")
+        if not isinstance(state.get("grain"), dict):
+            raise ValueError("iterator state has no grain state (not a packed iterator's state)")
+        self._it.close()
+        self._it = iter(self._batches)
+        self._it.set_state(state["grain"])
+
+    def start_prefetch(self) -> None:
+        """Starts reading ahead (threads) before the first `next`; idempotent."""
+        self._it.start_prefetch()
+
+    def close(self) -> None:
+        """Stops the reading threads; idempotent."""
+        if getattr(self, "_it", None) is not None:
+            self._it.close()
+
+
+def _decode_unpadded(record: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, np.ndarray]:
+    from bert_jax.data import packing
+
+    return packing.unpad(pretraining.decode_instance(record, max_seq_length, max_predictions_per_seq))
+
+
 def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSource":
     """The ArrayRecord shards that `metadata` (the directory's metadata.json) lists, checked complete.
 
@@ -171,7 +237,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                               num_epochs: int | None = None, process_index: int | None = None,
                               process_count: int | None = None, max_seq_length: int | None = None,
                               max_predictions_per_seq: int | None = None,
-                              worker_count: int = 0) -> PretrainingIterator:
+                              worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
+                              num_packing_bins: int | None = None) -> PretrainingIterator | PackedPretrainingIterator:
     """This process's batches of a create_pretraining_data output directory.
 
     Args:
@@ -183,10 +250,15 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       process_index, process_count: this process's slot; default jax.process_index() and
         jax.process_count().
       max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags).
-      worker_count: grain worker processes decoding batches (0: in this process, with threads).
+      worker_count: grain worker processes decoding batches (0: in this process, with threads); 0 when
+        packing.
+      packing: pack several instances per row (module docstring: Packing).
+      max_instances: K, instances per packed row; default `packing.default_max_instances`.
+      num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
 
     Returns:
-      A PretrainingIterator of dicts of numpy arrays (shapes and dtypes in the module docstring).
+      A PretrainingIterator (or, packing, a PackedPretrainingIterator) of dicts of numpy arrays (shapes
+      and dtypes in the module docstring).
 
     Raises:
       FileNotFoundError: `path` has no metadata.json (incomplete or not an output), or a shard is
@@ -219,6 +291,11 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
+    if packing and worker_count:
+        raise ValueError(f"worker_count={worker_count}: packing runs in this process (worker_count=0)")
+    if packing and process_count > 1 and num_epochs is not None:
+        raise ValueError(f"packing on {process_count} processes needs num_epochs=None (processes would pack "
+                         f"different numbers of rows from a finite stream)")
     source = open_shards(path, metadata)
     num_instances = len(source)
     local_batch_size = global_batch_size // process_count
@@ -227,6 +304,24 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
         ds = ds.shuffle(seed=shuffle_seed)
     ds = ds.repeat(num_epochs)
+    if packing:
+        from bert_jax.data import packing as packing_lib
+
+        max_instances = max_instances or packing_lib.default_max_instances(flags["max_seq_length"])
+        num_packing_bins = num_packing_bins or packing_lib.DEFAULT_PACKING_BINS
+        ds = ds[process_index::process_count].map(functools.partial(
+            _decode_unpadded, max_seq_length=flags["max_seq_length"],
+            max_predictions_per_seq=flags["max_predictions_per_seq"]))
+        rows = packing_lib.pack(ds.to_iter_dataset(_READ_OPTIONS), max_seq_length=flags["max_seq_length"],
+                                max_predictions_per_seq=flags["max_predictions_per_seq"], max_instances=max_instances,
+                                num_packing_bins=num_packing_bins,
+                                seed=int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0]))
+        batches = rows.batch(local_batch_size, drop_remainder=True, batch_fn=packing_lib.finalize_batch)
+        settings = {"seed": seed, "shuffle": shuffle, "num_epochs": num_epochs, "global_batch_size": global_batch_size,
+                    "num_instances": num_instances, "max_instances": max_instances,
+                    "num_packing_bins": num_packing_bins, "process_count": process_count}
+        return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
+                                         settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,
                   batch_fn=functools.partial(_decode_batch, max_seq_length=flags["max_seq_length"],
                                              max_predictions_per_seq=flags["max_predictions_per_seq"]))

@@ -230,28 +230,24 @@ def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Modul
         return model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=True)
 
 
-def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss,
-                  label_names: tuple[str, ...]) -> tuple[Callable, Callable]:
+def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss) -> tuple[Callable, Callable]:
     """(train_step, predict_step) jitted with explicit shardings (`engine.jit_train_step`, state donated).
 
     Args:
       shardings: the TrainState tree of NamedShardings from `create_state`.
       loss_fn: (model outputs, batch) -> (float32 sum of the per-example losses, float32 count).
-      label_names: the batch keys besides INPUT_NAMES that `loss_fn` reads, each [B] (e.g. int32 labels).
 
-    The train step's metrics: loss (sum / count), grad_norm, learning_rate, float32 scalars. Inputs
-    ([B, L] for INPUT_NAMES, [B] for labels) are sharded over the batch axes (data, fsdp).
+    The train step's metrics: loss (sum / count), grad_norm, learning_rate, float32 scalars. Every batch
+    array (inputs [B, L], labels [B] or [B, ...]) is sharded over its rows (data, fsdp).
 
     Raises:
       ValueError: a mesh without the "data" and "fsdp" axes (from `NamedSharding`). Nothing is
         compiled here: jax traces and compiles on the first call, and raises there for a batch whose keys
         or shapes do not fit these shardings.
     """
-    ranks = dict({k: 2 for k in INPUT_NAMES}, **{k: 1 for k in label_names})
     step = engine.jit_train_step(functools.partial(task_loss, model=model, loss_fn=loss_fn), tx, schedule, mesh,
-                                 shardings, ranks)
-    predict = engine.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params,
-                                   {k: 2 for k in INPUT_NAMES})
+                                 shardings)
+    predict = engine.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params)
     return step, predict
 
 

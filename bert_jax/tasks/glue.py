@@ -34,7 +34,6 @@ from bert_jax import engine, losses, modeling, storage, summaries
 from bert_jax.data import glue
 from bert_jax.tasks import finetune
 
-LABEL_NAMES = ("labels",)
 SUBMISSION_DIR = "submission"
 
 
@@ -169,7 +168,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def loss_fn(out, batch):
         return head_loss(out.logits, batch["labels"])
 
-    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)

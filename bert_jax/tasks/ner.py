@@ -120,7 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def loss_fn(out, batch):  # cross-entropy at the first sub-token of each word
         return losses.token_classification_loss(out.logits, batch["labels"], batch["label_weights"])
 
-    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)

@@ -33,7 +33,6 @@ from bert_jax import engine, losses, modeling, storage, summaries
 from bert_jax.data import squad
 from bert_jax.tasks import finetune, squad_eval
 
-LABEL_NAMES = ("start_positions", "end_positions")
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -180,7 +179,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def loss_fn(out, batch):
         return losses.span_loss(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"])
 
-    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
     if train_features is not None and num_train_steps > 0:
         start = time.perf_counter()
         state, history = finetune.fit(state, step_fn, train_features.model_inputs(),

@@ -26,7 +26,6 @@ from bert_jax import engine, losses, modeling, storage, summaries
 from bert_jax.data import swag
 from bert_jax.tasks import finetune
 
-LABEL_NAMES = ("labels",)
 
 
 def compute_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -91,7 +90,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def loss_fn(out, batch):  # softmax over the four choices
         return losses.classification_loss(out.logits, batch["labels"])
 
-    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn, LABEL_NAMES)
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)
