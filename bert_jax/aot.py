@@ -83,9 +83,7 @@ def lower_phase(config, devices, phase: train.Phase) -> tuple[jax.stages.Lowered
     Args:
       config: the pre-training config (model, optimizer, mesh, grad_accum_steps, seed).
       devices: the devices to compile for (a topology's compile-only devices, or e.g. `jax.devices()`).
-      phase: gives the batch: input_ids, token_type_ids, attention_mask int32 [batch_size, max_seq_length];
-        masked_lm_positions, masked_lm_ids int32 and masked_lm_weights float32 [batch_size,
-        max_predictions_per_seq]; next_sentence_labels int32 [batch_size].
+      phase: gives the batch, `train.batch_shapes(phase)` (packed rows when phase.packing).
 
     Raises:
       ValueError: a mesh that does not fit `devices`, a bad model config, a parameter or optimizer-state
@@ -97,12 +95,8 @@ def lower_phase(config, devices, phase: train.Phase) -> tuple[jax.stages.Lowered
     mesh = engine.make_mesh(config.mesh, devices)
     program = train.build(config, mesh)
     state = checkpointing.abstract_like(program.abstract, program.shardings)
-    b, length, p = phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
-    shapes = {"input_ids": (b, length), "token_type_ids": (b, length), "attention_mask": (b, length),
-              "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),
-              "next_sentence_labels": (b,)}
-    batch = {k: jax.ShapeDtypeStruct(s, jnp.float32 if k == "masked_lm_weights" else jnp.int32,
-                                     sharding=sharding.batch_sharding(mesh, len(s))) for k, s in shapes.items()}
+    batch = {k: jax.ShapeDtypeStruct(s, dtype, sharding=sharding.batch_sharding(mesh, len(s)))
+             for k, (s, dtype) in train.batch_shapes(phase).items()}
     with jax.set_mesh(mesh):
         return program.train_step.lower(state, batch), mesh
 
@@ -156,7 +150,7 @@ def report(config, topology_name: str) -> bool:
         total_seconds += step_s * steps
         fits &= used <= chip.hbm_bytes
         print(f"  phase {phase.index} (length {phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
-              f"batch {phase.batch_size}, {steps} steps): memory/device args {mem.argument_size_in_bytes / GIB:.2f} "
+              f"batch {phase.batch_size}{', packed' if phase.packing else ''}, {steps} steps): memory/device args {mem.argument_size_in_bytes / GIB:.2f} "
               f"+ temp {mem.temp_size_in_bytes / GIB:.2f} + out {mem.output_size_in_bytes / GIB:.2f} "
               f"- aliased {mem.alias_size_in_bytes / GIB:.2f} = {used / GIB:.2f} GiB of {chip.hbm_bytes / GIB:.0f} "
               f"({'fits' if used <= chip.hbm_bytes else 'DOES NOT FIT'}); FLOPs/device compiled "

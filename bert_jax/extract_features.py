@@ -254,8 +254,7 @@ def extract(init_checkpoint: str, features: Sequence[Feature], layers: str, *, i
     rows = -(-batch_size // ways) * ways
     model = _LayerFeatures(config, indices)
     state, shardings = finetune.create_state(model, optax.identity(), mesh, init, seed=0)
-    step = engine.jit_eval_step(functools.partial(finetune.predict_step, model=model), mesh, shardings.params,
-                                {k: 2 for k in finetune.INPUT_NAMES})
+    step = engine.jit_eval_step(functools.partial(finetune.predict_step, model=model), mesh, shardings.params)
 
     def handed_out(values, chunk):
         values = np.asarray(jax.device_get(values))

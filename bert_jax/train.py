@@ -286,6 +286,26 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     return Program(model, tx, schedule, abstract, shardings, step, evaluate)
 
 
+def batch_shapes(phase: Phase) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{field: (global shape, dtype)} of `phase`'s batches: those of `bert_jax.data.pipeline` (B = batch_size,
+    L = max_seq_length, P = max_predictions_per_seq), or packed (`bert_jax.data.packing`: P the row's
+    prediction slots, K instances per row, next_sentence_labels [B, K])."""
+    from bert_jax.data import packing
+
+    b, length, p = phase.batch_size, phase.max_seq_length, phase.max_predictions_per_seq
+    k = phase.max_instances or packing.default_max_instances(length)
+    if phase.packing:
+        p = packing.row_predictions(p, k)
+    shapes = {name: ((b, length), np.int32) for name in ("input_ids", "token_type_ids", "attention_mask")}
+    shapes.update({"masked_lm_positions": ((b, p), np.int32), "masked_lm_ids": ((b, p), np.int32),
+                   "masked_lm_weights": ((b, p), np.float32), "next_sentence_labels": ((b,), np.int32)})
+    if phase.packing:
+        shapes.update({"segment_ids": ((b, length), np.int32), "position_ids": ((b, length), np.int32),
+                       "next_sentence_labels": ((b, k), np.int32), "next_sentence_positions": ((b, k), np.int32),
+                       "next_sentence_weights": ((b, k), np.float32)})
+    return shapes
+
+
 def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch:
     """Per-process numpy batch -> global jax.Arrays sharded over (data, fsdp) (`engine.global_batch`), for
     BATCH_FIELDS and, in a packed batch, PACKED_FIELDS."""

@@ -112,7 +112,7 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     for k in (1, 2):
         step = engine.jit_train_step(
             lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn), tx, schedule, mesh, shardings,
-            {"input_ids": 2, "token_type_ids": 2, "attention_mask": 2, "labels": 1}, grad_accum_steps=k,
+            grad_accum_steps=k,
             denominators=lambda b: jnp.asarray(b["labels"].shape[0], jnp.float32))
         state = engine.create_state(init, mesh, shardings)
         with jax.set_mesh(mesh):

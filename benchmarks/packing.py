@@ -1,0 +1,139 @@
+"""Sequence packing: padding per corpus and phase, packed against padded; useful tokens/s of the train step.
+
+  .venv/bin/python benchmarks/packing.py [--workdir /tmp/packing] [--rounds 3] [--steps 3]
+
+1. Padding fraction (padded token slots / all token slots) over one pass of each corpus's instances,
+   unpacked (one instance per row) and packed (`bert_jax.data.packing`, default window and K), at the
+   two phases of the paper (128 / 20 and 512 / 80), on three shared corpora: Gutenberg (book-length
+   documents), WikiText-2 (articles) and the SQuAD train subset's paragraphs taken as documents (short
+   Wikipedia text). Instances: create_pretraining_data with Google's uncased vocabulary, dupe_factor 1,
+   seed 12345 (cached under --workdir). Bar: packed <= 5% at 128 and 512.
+2. The input pipeline per process: packed batches/s and instances/s (reading, decoding, packing; one
+   process, threads), for comparison with what a host must feed (README).
+3. Speed: the mini model's train step (4 layers, hidden 256; float32, one device = both cores), rows of
+   the SQuAD-paragraph corpus, padded against packed, same batch size in rows: useful (non-padding)
+   tokens per second, in alternating windows (medians; ratio = median of the per-window ratios). Phase 2
+   (512, batch 8) is the bar (>= 2.5x: a packed row there carries about 3.5x the real tokens of a padded
+   one); phase 1 (128, batch 32) is also timed.
+"""
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bert_jax import experiment, sharding, train  # noqa: E402
+from bert_jax.data import corpus, packing, pipeline, pretraining, tokenization  # noqa: E402
+from configs import pretrain  # noqa: E402
+
+DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+CORPORA = ("gutenberg", "wikitext", "squad")
+PHASES = ((128, 20, 32), (512, 80, 8))  # length, predictions, batch rows of the speed test
+
+
+def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -> str:
+    out = workdir / f"{name}-{length}"
+    if not (out / pretraining.METADATA_NAME).is_file():
+        _, reader, files = experiment.shared_sources([name], str(DATA))[0]
+        tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
+        pretraining.create_pretraining_data(
+            experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out),
+            options=pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions),
+            dupe_factor=1, num_shards=1)
+    return str(out)
+
+
+def one_pass(path: str, packed: bool, batch_size: int = 64):
+    """(padding fraction, rows, instances, seconds) over one shuffled pass."""
+    it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, num_epochs=1,
+                                            process_index=0, process_count=1, packing=packed)
+    real = slots = rows = count = 0
+    start = time.perf_counter()
+    for batch in it:
+        real += int(batch["attention_mask"].sum())
+        slots += batch["attention_mask"].size
+        rows += len(batch["attention_mask"])
+        count += int(batch["next_sentence_weights"].sum()) if packed else len(batch["attention_mask"])
+    return 1.0 - real / slots, rows, count, time.perf_counter() - start
+
+
+def speed(path: str, length: int, batch_size: int, rounds: int, steps: int):
+    """Per window: useful tokens/s padded and packed (the mini train step, one device)."""
+    config = pretrain.get_config("mini")
+    config.model.vocab_size = 30522
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model = train.create_model(config)
+    tx, schedule = train.create_optimizer(config)
+    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, train.create_train_state(model, tx, mesh, 0)[1])
+    sides = {}
+    for packed in (False, True):
+        it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
+                                                process_count=1, packing=packed)
+        batches = [next(it) for _ in range(steps)]
+        it.close()
+        with jax.set_mesh(mesh):
+            device = [train.global_batch(b, mesh) for b in batches]
+            state, _ = train.create_train_state(model, tx, mesh, 0)
+            state, _ = step_fn(state, device[0])  # compile
+            jax.block_until_ready(state)
+        sides[packed] = {"state": state, "batches": device,
+                         "tokens": sum(int(b["attention_mask"].sum()) for b in batches)}
+    windows = []
+    for _ in range(rounds):
+        rates = {}
+        for packed, side in sides.items():
+            with jax.set_mesh(mesh):
+                start = time.perf_counter()
+                state = side["state"]
+                for b in side["batches"]:
+                    state, _ = step_fn(state, b)
+                jax.block_until_ready(state)
+                side["state"] = state
+            rates[packed] = side["tokens"] / (time.perf_counter() - start)
+        windows.append(rates)
+    padded = statistics.median(w[False] for w in windows)
+    packed = statistics.median(w[True] for w in windows)
+    ratio = statistics.median(w[True] / w[False] for w in windows)
+    return padded, packed, ratio
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="/tmp/bert_jax_packing")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    workdir = pathlib.Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    print("padding fraction (padded slots / all slots), one pass, unpacked -> packed "
+          f"(K = {packing.default_max_instances(128)} at 128, {packing.default_max_instances(512)} at 512; "
+          f"window {packing.DEFAULT_PACKING_BINS} rows):", flush=True)
+    for name in CORPORA:
+        for length, predictions, _ in PHASES:
+            path = instances(workdir, name, length, predictions)
+            pad, rows, n, _ = one_pass(path, False)
+            ppad, prows, pn, seconds = one_pass(path, True)
+            print(f"  {name:9s} {length:3d}: {pad:6.1%} -> {ppad:5.1%}  ({rows} rows -> {prows}; "
+                  f"{pn / prows:.2f} instances per packed row; pipeline {prows / seconds:.0f} rows/s, "
+                  f"{pn / seconds:.0f} instances/s)", flush=True)
+
+    print(f"useful tokens/s of the mini train step, SQuAD paragraphs, padded vs packed "
+          f"({args.rounds} windows of {args.steps} steps):", flush=True)
+    for length, predictions, batch_size in PHASES:
+        padded, packed_rate, ratio = speed(instances(workdir, "squad", length, predictions), length, batch_size,
+                                           args.rounds, args.steps)
+        print(f"  phase {length} (batch {batch_size}): padded {padded:.0f}, packed {packed_rate:.0f} tokens/s: "
+              f"{ratio:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
