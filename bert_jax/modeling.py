@@ -322,17 +322,22 @@ class BertSelfAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> Array:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] (0 real key, very negative padding), or [B, 1, L, L]
-        for packed rows (`segment_mask_bias`) -> [B, L, D].
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> Array:
+        """x: [B, L, D]; mask: (bias, segments) -> [B, L, D].
+
+        mask: bias float32 [B, 1, 1, L] (0 real key, very negative padding), or [B, 1, L, L] for packed rows
+        (`segment_mask_bias`); segments int32 [B, L], the same mask as segment ids (the attention_mask, or
+        a packed row's segment_ids) for a kernel set with its own attention (`bert_jax.kernels.splash`).
 
         Scaled dot-product attention (Vaswani et al. 2017, section 3.2): softmax(q k^T / sqrt(H) + mask_bias) v
         per head. x (any float dtype) is cast to config.dtype; scores and softmax are float32; the output is
         in config.dtype. mask_bias may be any shape that broadcasts to the scores [B, N, L, L].
 
-        Raises (no ValueError: inputs are checked by `BertModel`):
+        Raises (inputs are checked by `BertModel`):
           TypeError: x's last axis is not hidden_size (reshape), or mask_bias does not broadcast to
             [B, N, L, L].
+          ValueError: a kernel set with its own attention (no dropout) while attention_probs_dropout_prob > 0
+            and deterministic is False.
           flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
         """
         c = self.config
@@ -351,10 +356,18 @@ class BertSelfAttention(nn.Module):
             return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv"))
 
         query, key, value = project("query"), project("key"), project("value")
-        scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
-        probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, L, L] float32
-        probs = _dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
-        context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
+        mask_bias, segments = mask
+        kernel = _kernels(c).attention
+        if kernel is not None:  # the kernel set's attention, e.g. splash (no attention dropout)
+            if c.attention_probs_dropout_prob > 0 and not deterministic:
+                raise ValueError(f"model.kernels={c.kernels!r} has no attention-probability dropout: set "
+                                 f"attention_probs_dropout_prob=0 (it is {c.attention_probs_dropout_prob})")
+            context = kernel((query / math.sqrt(h)).astype(dtype), key, value, segments)
+        else:
+            scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
+            probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, L, L] float32
+            probs = _dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
+            context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
         context = nn.with_logical_constraint(context, ("batch", "heads", "length", "kv"))
         context = context.transpose(0, 2, 1, 3).reshape(batch * length, n * h)  # [B*L, N*H]
         out_kernel = _param(self, "output_kernel", _init(c), (n, h, d), ("heads", "kv", "embed"))
@@ -372,10 +385,10 @@ class BertLayer(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> tuple[Array, None]:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> ([B, L, D], None)."""
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, None]:
+        """x: [B, L, D]; mask as `BertSelfAttention` -> ([B, L, D], None)."""
         c = self.config
-        attn = BertSelfAttention(c, name="attention")(x, mask_bias, deterministic)
+        attn = BertSelfAttention(c, name="attention")(x, mask, deterministic)
         x = _layer_norm(c, "attention_LayerNorm")(x + _dropout(c, c.hidden_dropout_prob, attn, deterministic))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", _kernels(c).dot_general)(x)
@@ -389,8 +402,8 @@ class _LayerWithStates(BertLayer):
     """`BertLayer` whose second output is its hidden state, so that `nn.scan` stacks the layers' outputs
     ([num_hidden_layers, B, L, D]); same parameters as `BertLayer`."""
 
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool) -> tuple[Array, Array]:
-        x, _ = super().__call__(x, mask_bias, deterministic)
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, Array]:
+        x, _ = super().__call__(x, mask, deterministic)
         return x, x
 
 
@@ -400,9 +413,9 @@ class BertEncoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask_bias: Array, deterministic: bool,
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool,
                  output_hidden_states: bool = False) -> Array | tuple[Array, tuple[Array, ...]]:
-        """x: [B, L, D]; mask_bias: float32 [B, 1, 1, L] -> [B, L, D].
+        """x: [B, L, D]; mask as `BertSelfAttention` -> [B, L, D].
 
         With output_hidden_states, returns ([B, L, D], hidden_states): hidden_states is x followed by
         each layer's output, num_hidden_layers + 1 arrays [B, L, D] (both layer layouts; the scanned
@@ -410,20 +423,20 @@ class BertEncoder(nn.Module):
         """
         c = self.config
         layer_cls = _LayerWithStates if output_hidden_states else BertLayer
-        if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask_bias) is static
+        if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask) is static
             layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                                  static_argnums=(3,))
         if c.scan_layers:
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            out, stacked = stack(c, name="layers")(x, mask_bias, deterministic)
+            out, stacked = stack(c, name="layers")(x, mask, deterministic)
             if not output_hidden_states:
                 return out
             return out, (x, *(stacked[i] for i in range(c.num_hidden_layers)))
         states = [x]
         for i in range(c.num_hidden_layers):
-            x, _ = layer_cls(c, name=f"layer_{i}")(x, mask_bias, deterministic)
+            x, _ = layer_cls(c, name=f"layer_{i}")(x, mask, deterministic)
             states.append(x)
         return (x, tuple(states)) if output_hidden_states else x
 
@@ -507,11 +520,12 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if segment_ids is not None:
-            mask_bias = segment_mask_bias(segment_ids)
+            mask = (segment_mask_bias(segment_ids), segment_ids)
         else:
-            mask_bias = attention_mask_bias(jnp.ones_like(input_ids) if attention_mask is None else attention_mask)
+            attention_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+            mask = (attention_mask_bias(attention_mask), attention_mask)
         x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
-        x = self.encoder(x, mask_bias, deterministic, output_hidden_states)
+        x = self.encoder(x, mask, deterministic, output_hidden_states)
         x, hidden_states = x if output_hidden_states else (x, None)
         first = x[:, 0] if pooled_positions is None else gather_positions(x, pooled_positions)  # [B, D] / [B, K, D]
         pooled = jnp.tanh(self.pooler(first)) if self.add_pooling_layer else None

@@ -149,6 +149,14 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
         raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
                                 "(run python -m bert_jax.data.create_pretraining_data first)")
     meta = storage.read_json(meta_file)
+    if meta.get("kind") == "documents":  # tokenized documents: instances are drawn at any length
+        if meta.get("vocab_size", 0) > config.model.vocab_size:
+            raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
+                             f"config.model.vocab_size={config.model.vocab_size}")
+        for name in ("tokens.npy", "sentence_starts.npy", "document_starts.npy", "vocab.txt"):
+            if not storage.is_file(storage.join(data_dir, name)):
+                raise FileNotFoundError(f"{field}={data_dir!r}: {name} is missing (tokenized documents incomplete)")
+        return meta
     flags = meta["flags"]
     if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (
             max_seq_length, max_predictions_per_seq):

@@ -55,3 +55,16 @@ def instances(data_dir, tmp_path_factory):
                                                                        max_predictions_per_seq=predictions),
             dupe_factor=5, num_shards=2)
     return out
+
+
+@pytest.fixture(scope="session")
+def documents(data_dir, tmp_path_factory):
+    """The original's sample text as tokenized documents (`bert_jax.data.dynamic`), for dynamic instances."""
+    from bert_jax.data import corpus, dynamic, tokenization
+
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    out = tmp_path_factory.mktemp("documents") / "sample"
+    dynamic.tokenize_documents(
+        corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
+        tok, str(out))
+    return out

@@ -272,9 +272,9 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
 # ----------------------------------------------------------------------------- subprocess runs
 
 
-def _cmd(instances, workdir, total_steps=30, extra=()):
+def _cmd(instances, workdir, total_steps=30, extra=(), phase1_data=None):
     return [sys.executable, "-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
-            f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
+            f"--config.phases[0].data_dir={phase1_data or instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             f"--config.total_steps={total_steps}", "--config.phases[0].fraction=0.5",
             "--config.phases[1].fraction=0.5", "--config.checkpoint_every=4", "--config.log_every=5",
             "--config.keep_checkpoints=50", *extra]
@@ -314,17 +314,17 @@ PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_packed(instances, tmp_path_factory):
+def uninterrupted_packed(instances, documents, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted_packed")
-    result = subprocess.run(_cmd(instances, workdir, extra=PACKED), cwd=ROOT, env=_env(), capture_output=True,
+    result = subprocess.run(_cmd(instances, workdir, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return _final_params(workdir, 30)
 
 
-def _kill_at(instances, workdir, at_least, delay, extra=()):
+def _kill_at(instances, workdir, at_least, delay, extra=(), phase1_data=None):
     """Starts a run, SIGKILLs it `delay` seconds after its first checkpoint at a step >= at_least."""
-    proc = subprocess.Popen(_cmd(instances, workdir, extra=extra), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cmd(instances, workdir, extra=extra, phase1_data=phase1_data), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not [s for s in _steps(workdir) if s >= at_least]:
@@ -357,18 +357,19 @@ def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, t
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
 
 
-def test_sigkill_then_resume_is_bit_identical_with_packing(instances, uninterrupted_packed, uninterrupted, tmp_path):
-    """Both phases packed (grain's packer state in the checkpoint): killed in phase 1, the resumed run
-    crosses the switch and ends with the uninterrupted packed run's parameters, bit for bit (and not
-    with the unpacked run's: packing changes the batches)."""
+def test_sigkill_then_resume_is_bit_identical_with_dynamic_data_and_packing(instances, documents, uninterrupted_packed,
+                                                                           uninterrupted, tmp_path):
+    """Phase 1 draws dynamic instances from tokenized documents, both phases pack (grain's states in the
+    checkpoint): killed in phase 1, the resumed run crosses the switch and ends with the uninterrupted
+    run's parameters, bit for bit (and not with the static unpacked run's)."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     at_least, delay = rng.randint(3, 8), rng.uniform(0.0, 0.2)
     print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
-    _kill_at(instances, tmp_path, at_least, delay, extra=PACKED)
+    _kill_at(instances, tmp_path, at_least, delay, extra=PACKED, phase1_data=documents)
     killed_at = max(_steps(tmp_path))
     assert killed_at < 15
-    result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED), cwd=ROOT, env=_env(), capture_output=True,
+    result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr

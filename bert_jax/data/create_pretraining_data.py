@@ -3,6 +3,10 @@
   python -m bert_jax.data.create_pretraining_data --input_file=corpus/*.txt --output_dir=out \\
       --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=5
 
+--tokenize_only writes tokenized documents instead (`bert_jax.data.dynamic`: the corpus tokenized once;
+instances and masks are drawn while training, a fresh draw each epoch): the instance flags are then
+unused, and a phase's data_dir may point at the output.
+
 Input formats: `sentences` (the original: one sentence per line, blank line between documents),
 `text` (each file one document of paragraphs, split into sentences), or a TFDS dataset with
 --tfds_name. See `bert_jax.data.pretraining` for the procedure and the output format.
@@ -12,7 +16,7 @@ import sys
 
 from absl import app, flags
 
-from bert_jax.data import corpus, pretraining, tokenization
+from bert_jax.data import corpus, dynamic, pretraining, tokenization
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
@@ -38,6 +42,8 @@ flags.DEFINE_string("tfds_name", None, "TFDS text dataset instead of --input_fil
 flags.DEFINE_string("tfds_split", "train", "TFDS split.")
 flags.DEFINE_string("tfds_text_key", "text", "TFDS feature holding the document text.")
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).")
+flags.DEFINE_bool("tokenize_only", False, "Write tokenized documents for dynamic instances (bert_jax.data.dynamic), "
+                  "not instances.")
 
 
 def main(argv):
@@ -58,6 +64,13 @@ def main(argv):
             read = {"sentences": corpus.read_sentence_documents,
                     "text": corpus.read_text_documents}[FLAGS.input_format]
             documents = read(files, stats)
+        source = {"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name, "input_format": FLAGS.input_format}
+        if FLAGS.tokenize_only:
+            metadata = dynamic.tokenize_documents(documents, tokenizer, FLAGS.output_dir, read_stats=stats,
+                                                  extra_metadata=source)
+            print(f"wrote {metadata['num_documents']} documents, {metadata['num_tokens']} tokens to "
+                  f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
+            return 0
         options = pretraining.InstanceOptions(
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,

@@ -71,7 +71,8 @@ from bert_jax.data import pretraining
 _READ_OPTIONS = grain.ReadOptions(num_threads=8, prefetch_buffer_size=16)
 # The settings a state must match to be restored (besides `next_batch`).
 _STATE_KEYS = ("seed", "shuffle", "num_epochs", "global_batch_size", "num_instances")
-_PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count")
+_PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count", "dynamic", "max_seq_length",
+                                    "max_predictions_per_seq")
 
 
 def _decode_batch(records: Sequence[bytes], max_seq_length: int,
@@ -158,8 +159,9 @@ class PretrainingIterator(grain.DatasetIterator):
 
 
 class PackedPretrainingIterator(grain.DatasetIterator):
-    """Per-process batches of packed rows (module docstring: Packing); checkpointable as
-    `PretrainingIterator`, with grain's own iterator state inside its state.
+    """Per-process batches of packed rows (module docstring: Packing) or of instances drawn from tokenized
+    documents (`bert_jax.data.dynamic`); checkpointable as `PretrainingIterator`, with grain's own iterator
+    state inside its state.
 
     Attributes:
       metadata: the directory's metadata.json.
@@ -239,42 +241,54 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                               max_predictions_per_seq: int | None = None,
                               worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
                               num_packing_bins: int | None = None) -> PretrainingIterator | PackedPretrainingIterator:
-    """This process's batches of a create_pretraining_data output directory.
+    """This process's batches of a create_pretraining_data output directory (static instances), or of
+    tokenized documents (`bert_jax.data.dynamic`: instances drawn while reading).
 
     Args:
-      path: directory holding metadata.json and the ArrayRecord shards.
+      path: directory holding metadata.json and the ArrayRecord shards, or tokenized documents.
       global_batch_size: rows per step over all processes.
-      seed: shuffle seed (non-negative int).
+      seed: shuffle seed (non-negative int); for documents also the seed of every draw.
       shuffle: shuffle globally, a new permutation each epoch; False reads the shards in order.
       num_epochs: passes over the data; None repeats forever.
       process_index, process_count: this process's slot; default jax.process_index() and
         jax.process_count().
-      max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags).
+      max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags); for
+        tokenized documents, required: the instances to draw (the original's other flags at their
+        defaults, `pretraining.InstanceOptions`).
       worker_count: grain worker processes decoding batches (0: in this process, with threads); 0 when
-        packing.
+        packing or drawing from documents.
       packing: pack several instances per row (module docstring: Packing).
       max_instances: K, instances per packed row; default `packing.default_max_instances`.
       num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
 
     Returns:
-      A PretrainingIterator (or, packing, a PackedPretrainingIterator) of dicts of numpy arrays (shapes
-      and dtypes in the module docstring).
+      A PretrainingIterator (static instances, unpacked) or a PackedPretrainingIterator (packed, or drawn
+      from documents) of dicts of numpy arrays (shapes and dtypes in the module docstring).
 
     Raises:
       FileNotFoundError: `path` has no metadata.json (incomplete or not an output), or a shard is
         missing.
       ValueError: global_batch_size not divisible by process_count, a bad argument, lengths that differ
-        from the metadata, an unknown format version, or shards not holding the recorded count.
+        from the metadata (or none given for documents), an unknown format version, or shards not
+        holding the recorded count.
     """
+    from bert_jax.data import dynamic
+
     metadata = pretraining.read_metadata(path)
-    if metadata.get("format_version") != pretraining.FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {metadata.get('format_version')!r}, "
-                         f"expected {pretraining.FORMAT_VERSION}")
-    flags = metadata["flags"]
-    for name, wanted in (("max_seq_length", max_seq_length),
-                         ("max_predictions_per_seq", max_predictions_per_seq)):
-        if wanted is not None and wanted != flags[name]:
-            raise ValueError(f"{name}={wanted} requested but {path} holds {name}={flags[name]}")
+    documents = dynamic.is_documents(metadata)
+    if documents:
+        if max_seq_length is None or max_predictions_per_seq is None:
+            raise ValueError(f"{path} holds tokenized documents: give max_seq_length and max_predictions_per_seq")
+        flags = {"max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq}
+    else:
+        if metadata.get("format_version") != pretraining.FORMAT_VERSION:
+            raise ValueError(f"{path}: format_version {metadata.get('format_version')!r}, "
+                             f"expected {pretraining.FORMAT_VERSION}")
+        flags = metadata["flags"]
+        for name, wanted in (("max_seq_length", max_seq_length),
+                             ("max_predictions_per_seq", max_predictions_per_seq)):
+            if wanted is not None and wanted != flags[name]:
+                raise ValueError(f"{name}={wanted} requested but {path} holds {name}={flags[name]}")
     if process_index is None or process_count is None:
         import jax
 
@@ -291,35 +305,49 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
-    if packing and worker_count:
-        raise ValueError(f"worker_count={worker_count}: packing runs in this process (worker_count=0)")
-    if packing and process_count > 1 and num_epochs is not None:
+    if (packing or documents) and worker_count:
+        raise ValueError(f"worker_count={worker_count}: packing and drawing from documents run in this process "
+                         f"(worker_count=0)")
+    if (packing or documents) and process_count > 1 and num_epochs is not None:
         raise ValueError(f"packing on {process_count} processes needs num_epochs=None (processes would pack "
                          f"different numbers of rows from a finite stream)")
-    source = open_shards(path, metadata)
-    num_instances = len(source)
     local_batch_size = global_batch_size // process_count
-    ds = grain.MapDataset.source(source)
-    if shuffle:
-        shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
-        ds = ds.shuffle(seed=shuffle_seed)
-    ds = ds.repeat(num_epochs)
-    if packing:
+    length, predictions = flags["max_seq_length"], flags["max_predictions_per_seq"]
+    if documents:
+        num_instances = int(metadata["num_documents"])  # the stream's unit: documents
+        options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions)
+        records = dynamic.instance_stream(path, metadata, options, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                                          process_index=process_index, process_count=process_count,
+                                          read_options=_READ_OPTIONS)
+    else:
+        source = open_shards(path, metadata)
+        num_instances = len(source)
+        ds = grain.MapDataset.source(source)
+        if shuffle:
+            shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
+            ds = ds.shuffle(seed=shuffle_seed)
+        ds = ds.repeat(num_epochs)
+        records = ds[process_index::process_count].to_iter_dataset(_READ_OPTIONS) if packing else None
+    if packing or documents:
         from bert_jax.data import packing as packing_lib
 
-        max_instances = max_instances or packing_lib.default_max_instances(flags["max_seq_length"])
-        num_packing_bins = num_packing_bins or packing_lib.DEFAULT_PACKING_BINS
-        ds = ds[process_index::process_count].map(functools.partial(
-            _decode_unpadded, max_seq_length=flags["max_seq_length"],
-            max_predictions_per_seq=flags["max_predictions_per_seq"]))
-        rows = packing_lib.pack(ds.to_iter_dataset(_READ_OPTIONS), max_seq_length=flags["max_seq_length"],
-                                max_predictions_per_seq=flags["max_predictions_per_seq"], max_instances=max_instances,
-                                num_packing_bins=num_packing_bins,
-                                seed=int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0]))
-        batches = rows.batch(local_batch_size, drop_remainder=True, batch_fn=packing_lib.finalize_batch)
+        if packing:
+            max_instances = max_instances or packing_lib.default_max_instances(length)
+            num_packing_bins = num_packing_bins or packing_lib.DEFAULT_PACKING_BINS
+            rows = packing_lib.pack(
+                records.map(functools.partial(_decode_unpadded, max_seq_length=length,
+                                              max_predictions_per_seq=predictions)),
+                max_seq_length=length, max_predictions_per_seq=predictions, max_instances=max_instances,
+                num_packing_bins=num_packing_bins,
+                seed=int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0]))
+            batches = rows.batch(local_batch_size, drop_remainder=True, batch_fn=packing_lib.finalize_batch)
+        else:
+            batches = records.batch(local_batch_size, drop_remainder=True, batch_fn=functools.partial(
+                _decode_batch, max_seq_length=length, max_predictions_per_seq=predictions))
         settings = {"seed": seed, "shuffle": shuffle, "num_epochs": num_epochs, "global_batch_size": global_batch_size,
-                    "num_instances": num_instances, "max_instances": max_instances,
-                    "num_packing_bins": num_packing_bins, "process_count": process_count}
+                    "num_instances": num_instances, "max_instances": max_instances if packing else 0,
+                    "num_packing_bins": num_packing_bins if packing else 0, "process_count": process_count,
+                    "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions}
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,

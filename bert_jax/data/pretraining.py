@@ -551,7 +551,8 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
     """Log of the masked-LM targets' unigram distribution, centred -> float32 [vocab_size].
 
     Counts `masked_lm_ids` over the first `max_instances` instances of an output directory (shard
-    order: the same on every host), add-one smoothed, log-probabilities minus their mean. Used to
+    order: the same on every host), or every token of tokenized documents (`bert_jax.data.dynamic`),
+    add-one smoothed, log-probabilities minus their mean. Used to
     initialise the MLM output bias (`config.mlm_bias_init = "log_prior"`): the head then starts at the
     unigram distribution (the loss of a model that ignores context) instead of having to learn it
     through the encoder, which collapses its representations on the way (the "init well" advice of
@@ -563,6 +564,14 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
       ValueError: a target id >= vocab_size (instances built with another vocabulary).
     """
     counts = np.zeros(vocab_size, np.float64)
+    metadata = read_metadata(path)
+    if metadata.get("kind") == "documents":  # tokenized documents (bert_jax.data.dynamic): the tokens' unigram
+        tokens = np.load(os.path.join(path, "tokens.npy"), mmap_mode="r")
+        if len(tokens) and int(tokens.max()) >= vocab_size:
+            raise ValueError(f"{path}: token id {int(tokens.max())} >= vocab_size={vocab_size}")
+        counts += np.bincount(tokens, minlength=vocab_size)[:vocab_size]
+        logp = np.log((counts + 1.0) / (counts.sum() + vocab_size))
+        return (logp - logp.mean()).astype(np.float32)
     for i, instance in enumerate(iterate_instances(path)):
         if i == max_instances:
             break

@@ -1,4 +1,4 @@
-"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu").
+"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu" | "splash").
 
 `bert_jax.modeling` and `bert_jax.losses` write the paper's model in plain JAX/Flax; the few places
 where the compiler of one backend needs help get their operation from `get(name)`:
@@ -11,9 +11,12 @@ where the compiler of one backend needs help get their operation from `get(name)
   LayerNorm            flax.linen.LayerNorm (two-pass variance)  same formula, plain jnp
   nll                  optax integer-label cross-entropy         hand-written gradient
   is_argmax            argmax == label                           one `any` reduction
+  attention            the model's softmax(q k^T + mask) v       (splash set: Pallas splash attention)
 
 The "tpu" set (`bert_jax.kernels.tpu`) is the reference with xla_cpu's GELU, the one kernel that also
-gives the TPU a lighter program (benchmarks/aot_kernels.py). "auto" is "xla_cpu" when compiling for the
+gives the TPU a lighter program (benchmarks/aot_kernels.py). The "splash" set (`bert_jax.kernels.splash`) is
+the tpu set with Pallas splash attention (segment ids, under shard_map), for TPU runs without
+attention-probability dropout; only chosen by name. "auto" is "xla_cpu" when compiling for the
 CPU, "tpu" for a TPU, and "reference" for any other platform (GPU). Each kernel is tested against its
 reference form (value and gradient, float32 and bfloat16, tests/test_kernels.py) and stays only while it
 wins where it runs (benchmarks/train_step.py --ablate on the CPU, benchmarks/aot_kernels.py on TPUs).
@@ -21,11 +24,11 @@ wins where it runs (benchmarks/train_step.py --ablate on the CPU, benchmarks/aot
 
 from __future__ import annotations
 
-KERNELS = ("auto", "reference", "xla_cpu", "tpu")
+KERNELS = ("auto", "reference", "xla_cpu", "tpu", "splash")
 
 
 def resolve(name: str, platform: str | None = None) -> str:
-    """The kernel set `name` stands for on `platform` -> "reference", "xla_cpu" or "tpu".
+    """The kernel set `name` stands for on `platform` -> "reference", "xla_cpu", "tpu" or "splash".
 
     Args:
       name: one of `KERNELS`.
@@ -68,6 +71,8 @@ class Kernels:
         float32 statistics and parameters `scale`, `bias` [D] (logical axis `embed`).
       nll: (float32 logits [..., K], int32 labels [...]) -> float32 [...] negative log-likelihood.
       is_argmax: (logits [..., K], int labels [...]) -> bool [...], labels == argmax (ties: first).
+      attention: None (the model's own attention), or (query [B, N, L, H] scaled, key, value,
+        segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids, no dropout.
     """
 
     name: str
@@ -78,6 +83,7 @@ class Kernels:
     layer_norm: Callable
     nll: Callable
     is_argmax: Callable
+    attention: Callable | None = None
 
 
 def get(name: str, platform: str | None = None) -> Kernels:
@@ -95,6 +101,10 @@ def get(name: str, platform: str | None = None) -> Kernels:
         from bert_jax.kernels import tpu
 
         return tpu.KERNELS
+    if resolved == "splash":
+        from bert_jax.kernels import splash
+
+        return splash.KERNELS
     from bert_jax.kernels import reference
 
     return reference.KERNELS

@@ -1,0 +1,131 @@
+"""Dynamic pre-training instances: tokenized documents on disk, instances and masks drawn while training.
+
+The static path (`pretraining.create_pretraining_data`) writes `dupe_factor` masked copies of the corpus;
+this one (as NVIDIA's LDDL and paxml do) tokenizes the corpus once and draws instances with the
+original's procedure (`pretraining.instances_from_document`: sentence pairs, 50% random next,
+short_seq_prob, 15% masking 80/10/10, whole-word option) while training, a fresh draw every epoch.
+
+Tokenized documents (`tokenize_documents`; `python -m bert_jax.data.create_pretraining_data
+--tokenize_only`): a directory holding the token store (`pretraining.TokenStore`: tokens.npy,
+sentence_starts.npy, document_starts.npy, memory-mapped when read), the vocabulary (vocab.txt) and
+metadata.json ({"kind": "documents", counts, vocab sha256, do_lower_case}); written under temporary
+names, metadata last.
+
+The instance stream (`instance_stream`, grain):
+  MapDataset.range(D) documents -> shuffle (a new permutation per epoch) -> repeat(num_epochs)
+  -> (epoch, document) pairs -> [process_index::process_count]
+  -> flat map: the document's instances, drawn with np.random.default_rng([seed, epoch, document])
+  -> window shuffle (instances of one document spread over batches).
+So a draw depends only on (seed, epoch, document): two epochs draw different instances and masks, a
+resumed run draws the same ones (grain's iterator state: the document position and the instance within
+it), and the result does not depend on reading threads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Iterable
+
+import grain
+import numpy as np
+
+from bert_jax import storage
+from bert_jax.data import pretraining, tokenization
+
+KIND = "documents"
+_STORE_FILES = ("tokens.npy", "sentence_starts.npy", "document_starts.npy")
+# Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
+DEFAULT_SHUFFLE_WINDOW = 16384
+
+
+def tokenize_documents(documents: Iterable[list[str]], tokenizer: tokenization.Tokenizer, output_dir: str, *,
+                       read_stats=None, extra_metadata: dict | None = None) -> dict:
+    """Tokenizes `documents` once into `output_dir` (module docstring) -> the metadata written.
+
+    Args:
+      documents: iterable of documents, each a list of sentence strings (`bert_jax.data.corpus` readers).
+      tokenizer: the `Tokenizer`; its vocabulary file is copied into output_dir.
+      output_dir: created if missing.
+
+    Raises:
+      ValueError: no document has a sentence with a token (`pretraining.build_token_store`).
+    """
+    start = time.time()
+    os.makedirs(output_dir, exist_ok=True)
+    work = os.path.join(output_dir, f".work-{os.getpid()}")
+    os.makedirs(work, exist_ok=True)
+    try:
+        store, dropped = pretraining.build_token_store(documents, tokenizer, work)
+        metadata = {
+            "kind": KIND,
+            "num_documents": store.num_documents,
+            "num_sentences": int(len(store.sentence_starts) - 1),
+            "num_tokens": int(len(store.tokens)),
+            "skipped": {"invalid_utf8_lines": getattr(read_stats, "invalid_utf8_lines", 0), "empty_sentences": dropped},
+            "vocab_size": tokenizer.vocab_size,
+            "vocab_sha256": tokenizer.vocab_sha256,
+            "do_lower_case": tokenizer.do_lower_case,
+            **(extra_metadata or {}),
+        }
+        del store  # the memory maps, before the files move
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
+        for name in (*_STORE_FILES, "vocab.txt"):
+            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        metadata["seconds"] = round(time.time() - start, 3)
+        storage.write_json(os.path.join(output_dir, pretraining.METADATA_NAME), metadata)
+        return metadata
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def is_documents(metadata: dict) -> bool:
+    """Whether a directory's metadata.json is tokenized documents (else static instances)."""
+    return metadata.get("kind") == KIND
+
+
+class _DocumentInstances(grain.experimental.FlatMapTransform):
+    """(epoch, document) -> the document's encoded instances (`pretraining.encode_record`) for that epoch."""
+
+    max_fan_out = 1 << 20
+
+    def __init__(self, path: str, options: pretraining.InstanceOptions, seed: int, do_lower_case: bool):
+        self._path, self._options, self._seed, self._lower = path, options, seed, do_lower_case
+        self._store = self._vocab = None
+
+    def flat_map(self, element):
+        if self._store is None:  # opened lazily: the transform is pickled into grain workers
+            self._store = pretraining.TokenStore.load(self._path)
+            tokenizer = tokenization.Tokenizer(os.path.join(self._path, "vocab.txt"), do_lower_case=self._lower)
+            self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
+        epoch, document = (int(x) for x in element)
+        rng = np.random.default_rng([self._seed, epoch, document])
+        return pretraining.instances_from_document(self._store, document, self._options, self._vocab, rng)
+
+
+def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOptions, *, seed: int, shuffle: bool,
+                    num_epochs: int | None, process_index: int, process_count: int,
+                    read_options: grain.ReadOptions, shuffle_window: int = DEFAULT_SHUFFLE_WINDOW) -> grain.IterDataset:
+    """This process's stream of encoded instances drawn from the tokenized documents at `path`
+    (module docstring); decode each with `pretraining.decode_instance(record, L, P)`.
+
+    Raises:
+      ValueError: options that `InstanceOptions.validate` rejects, or fewer than 2 documents (random
+        next segments come from another document).
+    """
+    options.validate()
+    num_documents = int(metadata["num_documents"])
+    if num_documents < 2:
+        raise ValueError(f"{path}: {num_documents} document(s); dynamic instances need at least 2")
+    docs = grain.MapDataset.range(num_documents)
+    if shuffle:
+        docs = docs.shuffle(seed=int(np.random.SeedSequence([seed, 1]).generate_state(1, np.uint32)[0]))
+    docs = docs.repeat(num_epochs).map_with_index(lambda i, d: (i // num_documents, d))
+    docs = docs[process_index::process_count]
+    transform = _DocumentInstances(path, options, seed, bool(metadata.get("do_lower_case", True)))
+    records = grain.experimental.FlatMapIterDataset(docs.to_iter_dataset(read_options), transform)
+    if shuffle:
+        records = grain.experimental.WindowShuffleIterDataset(
+            records, window_size=shuffle_window, seed=int(np.random.SeedSequence([seed, 2]).generate_state(1)[0]))
+    return records
