@@ -8,8 +8,11 @@
    documents), WikiText-2 (articles) and the SQuAD train subset's paragraphs taken as documents (short
    Wikipedia text). Instances: create_pretraining_data with Google's uncased vocabulary, dupe_factor 1,
    seed 12345 (cached under --workdir). Bar: packed <= 5% at 128 and 512.
-2. The input pipeline per process: packed batches/s and instances/s (reading, decoding, packing; one
-   process, threads), for comparison with what a host must feed (README).
+2. The input pipeline per process (reading, decoding, drawing instances, packing; one process, threads):
+   rows/s and instances/s of static and dynamic instances (`bert_jax.data.dynamic`, from the corpus
+   tokenized once), unpacked and packed, against what one host of a v4-32 pod (4 hosts, global batch
+   256) must feed at the roofline step time of `python -m bert_jax.aot` for Base (--roofline_ms: phase 1,
+   phase 2 packed; float32).
 3. Speed: the mini model's train step (4 layers, hidden 256; float32, one device = both cores), rows of
    the SQuAD-paragraph corpus, padded against packed, same batch size in rows: useful (non-padding)
    tokens per second, in alternating windows (medians; ratio = median of the per-window ratios). Phase 2
@@ -31,7 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bert_jax import experiment, sharding, train  # noqa: E402
-from bert_jax.data import corpus, packing, pipeline, pretraining, tokenization  # noqa: E402
+from bert_jax.data import corpus, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
@@ -49,6 +52,30 @@ def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -
             options=pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions),
             dupe_factor=1, num_shards=1)
     return str(out)
+
+
+def documents(workdir: pathlib.Path, name: str) -> str:
+    out = workdir / f"{name}-documents"
+    if not (out / pretraining.METADATA_NAME).is_file():
+        _, reader, files = experiment.shared_sources([name], str(DATA))[0]
+        tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
+        dynamic.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
+    return str(out)
+
+
+def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batches: int = 100, batch_size: int = 64):
+    """(rows/s, instances/s) over `batches` batches read from a fresh iterator (start-up included)."""
+    start = time.perf_counter()
+    it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
+                                            process_count=1, packing=packed, max_seq_length=length,
+                                            max_predictions_per_seq=predictions)
+    count = 0
+    for _ in range(batches):
+        batch = next(it)
+        count += int(batch["next_sentence_weights"].sum()) if packed else batch_size
+    seconds = time.perf_counter() - start
+    it.close()
+    return batches * batch_size / seconds, count / seconds
 
 
 def one_pass(path: str, packed: bool, batch_size: int = 64):
@@ -110,6 +137,9 @@ def main():
     parser.add_argument("--workdir", default="/tmp/bert_jax_packing")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--roofline_ms", default="28.0,82.7",
+                        help="Base train step on v4-32 at the AOT roofline, phase 1 and phase 2 packed (ms)")
+    parser.add_argument("--skip_speed", action="store_true")
     args = parser.parse_args()
     workdir = pathlib.Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +156,19 @@ def main():
                   f"{pn / prows:.2f} instances per packed row; pipeline {prows / seconds:.0f} rows/s, "
                   f"{pn / seconds:.0f} instances/s)", flush=True)
 
+    need = [64 / (float(ms) / 1e3) for ms in args.roofline_ms.split(",")]
+    print(f"input pipeline, one process (a v4-32 host needs {need[0]:.0f} rows/s in phase 1 and {need[1]:.0f} in "
+          f"phase 2 at the roofline step times {args.roofline_ms} ms):", flush=True)
+    for length, predictions, _ in PHASES:
+        for name in ("gutenberg", "squad"):
+            for kind, path in (("static", instances(workdir, name, length, predictions)),
+                               ("dynamic", documents(workdir, name))):
+                for packed in (False, True):
+                    rows, inst = pipeline_rate(path, packed, length, predictions)
+                    print(f"  {length:3d} {name:9s} {kind:7s} {'packed' if packed else 'padded'}: {rows:6.0f} rows/s, "
+                          f"{inst:6.0f} instances/s", flush=True)
+    if args.skip_speed:
+        return
     print(f"useful tokens/s of the mini train step, SQuAD paragraphs, padded vs packed "
           f"({args.rounds} windows of {args.steps} steps):", flush=True)
     for length, predictions, batch_size in PHASES:
