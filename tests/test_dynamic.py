@@ -67,9 +67,10 @@ def test_dynamic_instances_statistics_in_the_originals_bands(gutenberg):
         assert (b["input_ids"][row, n[row]:] == 0).all()
 
 
-def test_each_epoch_draws_afresh_and_a_resumed_stream_is_identical(documents):
+def test_each_epoch_draws_afresh_and_a_resumed_stream_is_identical(documents, monkeypatch):
     """The same document in epochs 0 and 1 gives other instances (masks, pairs); the same (epoch,
     document) gives the same ones; a stream restored from get_state (packed too) continues identically."""
+    monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)  # a small corpus: a window of a few epochs
     transform = dynamic._DocumentInstances(str(documents), pretraining.InstanceOptions(), seed=0, do_lower_case=True)
     assert transform.flat_map((0, 1)) == transform.flat_map((0, 1))
     assert transform.flat_map((0, 1)) != transform.flat_map((1, 1))

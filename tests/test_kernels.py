@@ -29,7 +29,7 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_reference_elsewhere():
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
     assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu) == reference.KERNELS
-    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu'\]"):
+    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu', 'splash'\]"):
         kernels.resolve("pallas")
     with pytest.raises(ValueError, match="model.kernels='cuda'"):
         modeling.BertConfig(kernels="cuda")

@@ -224,3 +224,17 @@ def test_splash_kernel_set_in_the_model_under_a_mesh(instances, monkeypatch):
     with pytest.raises(ValueError, match="no attention-probability dropout"):
         model.apply({"params": params}, fields["input_ids"], masked_lm_positions=fields["masked_lm_positions"],
                     deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)})
+
+
+def test_a_truncated_shard_is_a_one_line_error_naming_it(instances, tmp_path):
+    import shutil
+
+    copy = tmp_path / "p2"
+    shutil.copytree(instances / "p2", copy)
+    shard = sorted(copy.glob("*.array_record"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    for packed in (False, True):
+        with pytest.raises(ValueError, match=f"{shard.name}: not a readable ArrayRecord file"):
+            pipeline.make_pretraining_iterator(str(copy), global_batch_size=8, process_index=0, process_count=1,
+                                               packing=packed)

@@ -407,7 +407,7 @@ def test_config_error_is_one_line_from_the_cli(instances, tmp_path):
 
 def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_path_factory):
     # The uninterrupted run used 4 devices on `data`; restore its final state onto 8 devices as 2x2x2.
-    workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("uninterrupted"))
+    workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if re.fullmatch(r"uninterrupted\d+", p.name))
     config = pretrain.get_config("tiny")  # what the subprocess ran
     model, (tx, _) = train.create_model(config), train.create_optimizer(config)
     mesh = sharding.make_mesh(2, 2, 2)

@@ -106,9 +106,10 @@ class _DocumentInstances(grain.experimental.FlatMapTransform):
 
 def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOptions, *, seed: int, shuffle: bool,
                     num_epochs: int | None, process_index: int, process_count: int,
-                    read_options: grain.ReadOptions, shuffle_window: int = DEFAULT_SHUFFLE_WINDOW) -> grain.IterDataset:
+                    read_options: grain.ReadOptions, shuffle_window: int | None = None) -> grain.IterDataset:
     """This process's stream of encoded instances drawn from the tokenized documents at `path`
-    (module docstring); decode each with `pretraining.decode_instance(record, L, P)`.
+    (module docstring); decode each with `pretraining.decode_instance(record, L, P)`. shuffle_window:
+    instances shuffled together (default DEFAULT_SHUFFLE_WINDOW).
 
     Raises:
       ValueError: options that `InstanceOptions.validate` rejects, or fewer than 2 documents (random
@@ -127,5 +128,5 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
     records = grain.experimental.FlatMapIterDataset(docs.to_iter_dataset(read_options), transform)
     if shuffle:
         records = grain.experimental.WindowShuffleIterDataset(
-            records, window_size=shuffle_window, seed=int(np.random.SeedSequence([seed, 2]).generate_state(1)[0]))
+            records, window_size=shuffle_window or DEFAULT_SHUFFLE_WINDOW, seed=int(np.random.SeedSequence([seed, 2]).generate_state(1)[0]))
     return records

@@ -222,13 +222,22 @@ def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSour
 
     Raises:
       FileNotFoundError: a listed shard is missing.
-      ValueError: the shards hold no records, or not metadata["num_instances"] of them.
+      ValueError: a shard that ArrayRecord cannot open (truncated or corrupt; the message names it), or
+        shards holding no records, or not metadata["num_instances"] of them.
     """
     shards = [storage.join(path, s) for s in metadata["shards"]]
     for shard in shards:
         if not storage.is_file(shard):
             raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
-    source = grain.sources.ArrayRecordDataSource(shards)
+    try:
+        source = grain.sources.ArrayRecordDataSource(shards)
+    except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
+        for shard in shards:
+            try:
+                grain.sources.ArrayRecordDataSource([shard])
+            except Exception:
+                raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
+        raise
     if len(source) != metadata["num_instances"] or len(source) == 0:
         raise ValueError(f"{path}: shards hold {len(source)} records, metadata.json "
                          f"num_instances={metadata['num_instances']}")
