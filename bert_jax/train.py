@@ -125,6 +125,9 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                         p.max_predictions_per_seq)
     if need_data and config.eval_data_dir:
         meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
+        if meta.get("kind") == "documents":
+            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds tokenized documents; evaluation "
+                             "needs fixed instances (create_pretraining_data without --tokenize_only)")
         length = meta["flags"]["max_seq_length"]
         if length > config.model.max_position_embeddings:
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds length {length}, over "

@@ -99,3 +99,19 @@ def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):
         next(_iterator(tmp_path / "one"))
     with pytest.raises(ValueError, match="give max_seq_length and max_predictions_per_seq"):
         pipeline.make_pretraining_iterator(str(documents), global_batch_size=8, process_index=0, process_count=1)
+
+
+def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances):
+    import jax
+
+    from bert_jax import sharding, train
+    from configs import pretrain
+
+    config = pretrain.get_config("tiny")
+    config.phases[0].data_dir = str(documents)
+    config.phases[1].data_dir = str(instances / "p2")
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    assert [p.data_dir for p in train.validate(config, mesh)] == [str(documents), str(instances / "p2")]
+    config.eval_data_dir = str(documents)
+    with pytest.raises(ValueError, match="holds tokenized documents; evaluation needs fixed instances"):
+        train.validate(config, mesh)
