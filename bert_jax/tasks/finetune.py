@@ -559,6 +559,19 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
     return storage.join(workdir, "checkpoints", str(step))
 
 
+def finish(writer, workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
+           scores: Mapping[str, float], metrics: dict, num_train_steps: int, step: int | None = None) -> None:
+    """The end of every task job: `scores` to TensorBoard as "eval" (at `step`, default num_train_steps), the
+    final checkpoint (`save_final`, when config.save_checkpoint and the job trained; its path into
+    metrics["checkpoint"]), the writer closed (None on other processes than the first)."""
+    if scores:
+        summaries.write_scalars(writer, num_train_steps if step is None else step, scores, "eval")
+    if config.save_checkpoint and num_train_steps > 0:
+        metrics["checkpoint"] = save_final(workdir, state, config, bert_config, scores)
+    if writer is not None:
+        writer.close()
+
+
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
     """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
     multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);

@@ -193,11 +193,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         prediction_files[split.file.replace(".tsv", "_predictions.tsv")] = "index\tprediction\tlabel\n" + "".join(
             f"{i}\t{_format(spec, p)}\t{_format(spec, y)}\n" for i, (p, y) in enumerate(zip(predictions, labels)))
     metrics.update(scores)
-    summaries.write_scalars(writer, num_train_steps, scores, "eval")
-    if config.save_checkpoint and num_train_steps > 0:
-        metrics["checkpoint"] = finetune.save_final(workdir, state, config, init.config, scores)
-    if writer is not None:
-        writer.close()
+    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
     submissions = []
     for split, examples in tests:
         test = features(examples)

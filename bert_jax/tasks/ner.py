@@ -145,11 +145,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         metrics[f"{role}_sentences"] = len(sentences)
         files[f"{role}_predictions.txt"] = (sentences, predicted)
     metrics.update(scores)
-    summaries.write_scalars(writer, num_train_steps, scores, "eval")
-    if config.save_checkpoint and num_train_steps > 0:
-        metrics["checkpoint"] = finetune.save_final(workdir, state, config, init.config, scores)
-    if writer is not None:
-        writer.close()
+    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
     if is_main:
         for name, (sentences, predicted) in files.items():
             conll.write_conll(storage.join(workdir, name), sentences, predicted)

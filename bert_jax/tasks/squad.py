@@ -217,13 +217,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             storage.write_json(storage.join(workdir, "nbest_predictions.json"), nbest)
             if config.version_2_with_negative:
                 storage.write_json(storage.join(workdir, "null_odds.json"), null_odds)
-        summaries.write_scalars(writer, int(jax.device_get(state.step)),
-                                {k: v for k, v in metrics.items() if isinstance(v, float)}, "eval")
-    if config.save_checkpoint and num_train_steps > 0:
-        metrics["checkpoint"] = finetune.save_final(workdir, state, config, init.config,
-                                                    {k: v for k, v in metrics.items() if isinstance(v, float)})
-    if writer is not None:
-        writer.close()
+    scores = {k: v for k, v in metrics.items() if isinstance(v, float)} if eval_examples else {}
+    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps,
+                    step=int(jax.device_get(state.step)))
     if is_main:
         storage.write_json(storage.join(workdir, "metrics.json"), metrics)
     return metrics

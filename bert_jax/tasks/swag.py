@@ -107,11 +107,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     predictions = np.argmax(out.logits, axis=-1)
     scores = compute_metrics(predictions, dev["labels"])
     metrics.update(scores, eval_examples=len(dev_examples))
-    summaries.write_scalars(writer, num_train_steps, scores, "eval")
-    if config.save_checkpoint and num_train_steps > 0:
-        metrics["checkpoint"] = finetune.save_final(workdir, state, config, init.config, scores)
-    if writer is not None:
-        writer.close()
+    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
     files = {"val_predictions.csv": "index,prediction,label\n" + "".join(
         f"{e.guid},{p},{e.label}\n" for e, p in zip(dev_examples, predictions))}
     if test_examples:
