@@ -49,6 +49,11 @@ and next_sentence_weights and next_sentence_labels becomes [B, K] (layout in `pa
 grain's iterator state (the position where the current packing window started, and the rows already
 emitted from it): a resumed iterator gives the same rows, and needs the same process_count.
 
+Tokenized documents (a directory of `bert_jax.data.dynamic`, `create_pretraining_data --tokenize_only`):
+the instances are drawn while reading (`dynamic.instance_stream`: documents shuffled per epoch and split
+between processes, each drawn with rng (seed, epoch, document), a window shuffle), then batched or packed
+as above; the state is grain's, as for packing.
+
 Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_prefetch and
 `grain.checkpoint.CheckpointSave/CheckpointRestore`); the batch fields are those of google-research/bert
 `run_pretraining.py` `input_fn_builder`.
