@@ -2,6 +2,7 @@
 
   define_flags()            --jax_distributed, --coordinator_address, --num_processes, --process_id
   initialize_from_flags()   jax.distributed.initialize(...) when asked for, before any JAX computation
+  allgather_json(value)     every process's JSON value (per-process input-pipeline states)
 
 On a TPU VM pod `--jax_distributed` alone is enough (JAX finds the coordinator, the process count and
 this process's index itself; launch/tpu_vm_pod.sh passes it to every entry point). Elsewhere
@@ -10,7 +11,30 @@ this process's index itself; launch/tpu_vm_pod.sh passes it to every entry point
 
 from __future__ import annotations
 
+from typing import Any
+
 from absl import flags
+
+
+def allgather_json(value: Any) -> list[Any]:
+    """Every process's JSON-serialisable `value`, in process order (a collective: all processes call it).
+    One process: [value]. Used for per-process input-pipeline states in checkpoints, which Orbax's JSON
+    items write from the first process only."""
+    import json
+
+    import jax
+    import numpy as np
+
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int32))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:len(data)] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(lengths), -1)
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths)]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

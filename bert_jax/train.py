@@ -438,6 +438,12 @@ class _Run:
         self.final_step = min(config.total_steps, max_steps or config.total_steps)
         self.phase = _phase_at(phases, self.step)
         resume = data_state["iterator"] if data_state and data_state["phase"] == self.phase.index else None
+        if isinstance(resume, dict) and "per_process" in resume:  # packed / dynamic: each process's own state
+            states = resume["per_process"]
+            if len(states) != jax.process_count():
+                raise ValueError(f"the checkpoint's input pipeline ran on {len(states)} processes, this run has "
+                                 f"{jax.process_count()}: packed or dynamic data resume on the same process count")
+            resume = states[jax.process_index()]
         self.iterator = iterator(self.phase, config, resume)
         self.writer = summaries.open_writer(workdir, self.is_main)
         self.progress = summaries.progress_bar(self.step, self.final_step, self.is_main, "pre-training")
@@ -506,10 +512,18 @@ class _Run:
         if self.step in self.saved:
             return
         with self.timer.paused(wait_for=self.state):
-            self.checkpointer.save(self.step, self.state,
-                                   {"phase": self.phase.index, "iterator": self.iterator.get_state()},
+            self.checkpointer.save(self.step, self.state, {"phase": self.phase.index, "iterator": self.iterator_state()},
                                    self.config_json)
         self.saved.add(self.step)
+
+    def iterator_state(self) -> dict:
+        """The data position to checkpoint. A static unpacked stream's state is the same on every process; a
+        packed or dynamic one (grain's state) differs per process, and Orbax writes JSON items from the first
+        process only, so all processes' states are gathered: {"per_process": [state of process 0, ...]}."""
+        state = self.iterator.get_state()
+        if "grain" not in state:
+            return state
+        return {"per_process": distributed.allgather_json(state)}
 
     def close(self) -> None:
         self.progress.close()

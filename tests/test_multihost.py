@@ -17,11 +17,11 @@ from flax import traverse_util
 from conftest import ROOT
 
 
-def _args(instances, workdir, max_steps):
+def _args(instances, workdir, max_steps, extra=()):
     return ["-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
             f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             "--config.total_steps=10", "--config.warmup_steps=2", "--config.checkpoint_every=5",
-            f"--max_steps={max_steps}"]
+            f"--max_steps={max_steps}", *extra]
 
 
 def _single(instances, workdir, max_steps):
@@ -32,13 +32,13 @@ def _single(instances, workdir, max_steps):
     return result.stdout.strip().splitlines()[-1]
 
 
-def _two_processes(instances, workdir, max_steps):
+def _two_processes(instances, workdir, max_steps, extra=()):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
                JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
-    procs = [subprocess.Popen([sys.executable, *_args(instances, workdir, max_steps),
+    procs = [subprocess.Popen([sys.executable, *_args(instances, workdir, max_steps, extra),
                                f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
@@ -99,3 +99,28 @@ def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, t
     _copy_checkpoint(tmp_path / "two", tmp_path / "back", 5)
     _single(instances, tmp_path / "back", 10)
     _assert_same(_params(_state(tmp_path / "back", 10, like=reference)), _params(reference))
+
+
+def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documents, tmp_path):
+    """Packed rows from dynamic instances differ per process, and so does each process's grain state: a
+    two-process run stopped at step 5 and resumed ends with the parameters of the uninterrupted run."""
+    extra = (f"--config.phases[0].data_dir={documents}", "--config.phases[0].packing=True",
+             "--config.phases[1].packing=True")
+    _two_processes(instances, tmp_path / "whole", 10, extra)
+    _two_processes(instances, tmp_path / "resumed", 5, extra)
+    _two_processes(instances, tmp_path / "resumed", 10, extra)
+    from bert_jax import checkpointing, sharding, train
+    from configs import pretrain
+
+    config = pretrain.get_config("tiny")
+    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    like = checkpointing.abstract_like(abstract, shardings).params
+
+    def params(run):
+        restored = checkpointing.restore_params(str(tmp_path / run / "checkpoints"), like, step=10)
+        return traverse_util.flatten_dict(jax.device_get(restored), sep="/")
+
+    whole, resumed = params("whole"), params("resumed")
+    for k in whole:
+        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)

@@ -47,7 +47,9 @@ processes one instance at a time ([process_index::process_count]), unpadded, pac
 grain's best-fit packer, and batched; the batch gains segment_ids, position_ids, next_sentence_positions
 and next_sentence_weights and next_sentence_labels becomes [B, K] (layout in `packing`). The state is
 grain's iterator state (the position where the current packing window started, and the rows already
-emitted from it): a resumed iterator gives the same rows, and needs the same process_count.
+emitted from it): a resumed iterator gives the same rows. The state is this process's own (it holds
+process_index): training checkpoints every process's state (`train`), and resumes on the same
+process_count.
 
 Tokenized documents (a directory of `bert_jax.data.dynamic`, `create_pretraining_data --tokenize_only`):
 the instances are drawn while reading (`dynamic.instance_stream`: documents shuffled per epoch and split
@@ -76,8 +78,8 @@ from bert_jax.data import pretraining
 _READ_OPTIONS = grain.ReadOptions(num_threads=8, prefetch_buffer_size=16)
 # The settings a state must match to be restored (besides `next_batch`).
 _STATE_KEYS = ("seed", "shuffle", "num_epochs", "global_batch_size", "num_instances")
-_PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count", "dynamic", "max_seq_length",
-                                    "max_predictions_per_seq")
+_PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count", "process_index", "dynamic",
+                                    "max_seq_length", "max_predictions_per_seq")
 
 
 def _decode_batch(records: Sequence[bytes], max_seq_length: int,
@@ -323,8 +325,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"worker_count={worker_count}: packing and drawing from documents run in this process "
                          f"(worker_count=0)")
     if (packing or documents) and process_count > 1 and num_epochs is not None:
-        raise ValueError(f"packing on {process_count} processes needs num_epochs=None (processes would pack "
-                         f"different numbers of rows from a finite stream)")
+        raise ValueError(f"packing or tokenized documents on {process_count} processes need num_epochs=None "
+                         f"(processes would make different numbers of rows from a finite stream)")
     local_batch_size = global_batch_size // process_count
     length, predictions = flags["max_seq_length"], flags["max_predictions_per_seq"]
     if documents:
@@ -361,6 +363,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         settings = {"seed": seed, "shuffle": shuffle, "num_epochs": num_epochs, "global_batch_size": global_batch_size,
                     "num_instances": num_instances, "max_instances": max_instances if packing else 0,
                     "num_packing_bins": num_packing_bins if packing else 0, "process_count": process_count,
+                    "process_index": process_index,
                     "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions}
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
