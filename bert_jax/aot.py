@@ -143,7 +143,7 @@ def report(config, topology_name: str) -> bool:
         used = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
         compiled_flops = float(cost.get("flops", 0.0))  # per device
         analytic = flops.train_flops_per_step(bert, phase.batch_size, phase.max_seq_length,
-                                              phase.max_predictions_per_seq) / len(devices)
+                                              train.batch_shapes(phase)["masked_lm_ids"][0][1]) / len(devices)
         bytes_accessed = float(cost.get("bytes accessed", 0.0))
         step_s = max(compiled_flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
         steps = phase.end - phase.start

@@ -485,7 +485,7 @@ class _Run:
         values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
         if self.peak_flops:
             model_flops = flops.train_flops_per_step(self.program.model.config, phase.batch_size,
-                                                     phase.max_seq_length, phase.max_predictions_per_seq)
+                                                     phase.max_seq_length, batch_shapes(phase)["masked_lm_ids"][0][1])
             values["mfu"] = model_flops * lap.steps / lap.seconds / (self.peak_flops * self.mesh.devices.size)
         self.logged = dict(values, step=self.step, phase=phase.index)
         summaries.write_scalars(self.writer, self.step, values, "train")
