@@ -102,6 +102,8 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
     """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
+    from bert_jax.data import dynamic
+
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
     for field in ("grad_accum_steps", "log_every", "checkpoint_every", "eval_every", "eval_batches", "keep_checkpoints"):
@@ -125,7 +127,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                         p.max_predictions_per_seq)
     if need_data and config.eval_data_dir:
         meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
-        if meta.get("kind") == "documents":
+        if dynamic.is_documents(meta):
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds tokenized documents; evaluation "
                              "needs fixed instances (create_pretraining_data without --tokenize_only)")
         length = meta["flags"]["max_seq_length"]
@@ -145,18 +147,18 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     length and predictions (when given) and its vocabulary size, and its shards present and complete (so
     that phase 2's or the eval's data fail at the start, not at their first use). One-line
     FileNotFoundError / ValueError."""
-    from bert_jax.data import pipeline
+    from bert_jax.data import dynamic, pipeline
 
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
                                 "(run python -m bert_jax.data.create_pretraining_data first)")
     meta = storage.read_json(meta_file)
-    if meta.get("kind") == "documents":  # tokenized documents: instances are drawn at any length
-        if meta.get("vocab_size", 0) > config.model.vocab_size:
-            raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
-                             f"config.model.vocab_size={config.model.vocab_size}")
-        for name in ("tokens.npy", "sentence_starts.npy", "document_starts.npy", "vocab.txt"):
+    if meta.get("vocab_size", 0) > config.model.vocab_size:
+        raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
+                         f"config.model.vocab_size={config.model.vocab_size}")
+    if dynamic.is_documents(meta):  # tokenized documents: instances are drawn at any length
+        for name in dynamic.FILES:
             if not storage.is_file(storage.join(data_dir, name)):
                 raise FileNotFoundError(f"{field}={data_dir!r}: {name} is missing (tokenized documents incomplete)")
         return meta
@@ -165,9 +167,6 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
             max_seq_length, max_predictions_per_seq):
         raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
                          f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
-    if meta.get("vocab_size", 0) > config.model.vocab_size:
-        raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
-                         f"config.model.vocab_size={config.model.vocab_size}")
     pipeline.open_shards(data_dir, meta)
     return meta
 

@@ -115,3 +115,15 @@ def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances)
     config.eval_data_dir = str(documents)
     with pytest.raises(ValueError, match="holds tokenized documents; evaluation needs fixed instances"):
         train.validate(config, mesh)
+
+
+def test_log_prior_of_documents_is_the_tokens_unigram(documents):
+    """`config.mlm_bias_init="log_prior"` on tokenized documents: the centred, add-one smoothed log unigram
+    distribution of every token of the store, computed here by hand."""
+    tokens = np.load(documents / "tokens.npy")
+    counts = np.bincount(tokens, minlength=30522).astype(np.float64) + 1.0
+    want = np.log(counts / counts.sum())
+    np.testing.assert_allclose(pretraining.masked_token_log_prior(str(documents), 30522), want - want.mean(),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="token id"):
+        pretraining.masked_token_log_prior(str(documents), 100)

@@ -35,7 +35,8 @@ from bert_jax import storage
 from bert_jax.data import pretraining, tokenization
 
 KIND = "documents"
-_STORE_FILES = ("tokens.npy", "sentence_starts.npy", "document_starts.npy")
+# The files of a tokenized-documents directory besides metadata.json.
+FILES = ("tokens.npy", "sentence_starts.npy", "document_starts.npy", "vocab.txt")
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
 DEFAULT_SHUFFLE_WINDOW = 16384
 
@@ -71,7 +72,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer: tokenization.T
         }
         del store  # the memory maps, before the files move
         shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
-        for name in (*_STORE_FILES, "vocab.txt"):
+        for name in FILES:
             os.replace(os.path.join(work, name), os.path.join(output_dir, name))
         metadata["seconds"] = round(time.time() - start, 3)
         storage.write_json(os.path.join(output_dir, pretraining.METADATA_NAME), metadata)

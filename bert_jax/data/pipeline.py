@@ -368,8 +368,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,
-                  batch_fn=functools.partial(_decode_batch, max_seq_length=flags["max_seq_length"],
-                                             max_predictions_per_seq=flags["max_predictions_per_seq"]))
+                  batch_fn=functools.partial(_decode_batch, max_seq_length=length, max_predictions_per_seq=predictions))
     ds = ds[: len(ds) // process_count * process_count][process_index::process_count]
     settings = {"seed": seed, "shuffle": shuffle, "num_epochs": num_epochs,
                 "global_batch_size": global_batch_size, "num_instances": num_instances}

@@ -563,21 +563,21 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
       FileNotFoundError: not a complete create_pretraining_data output.
       ValueError: a target id >= vocab_size (instances built with another vocabulary).
     """
+    from bert_jax.data import dynamic
+
     counts = np.zeros(vocab_size, np.float64)
-    metadata = read_metadata(path)
-    if metadata.get("kind") == "documents":  # tokenized documents (bert_jax.data.dynamic): the tokens' unigram
-        tokens = np.load(os.path.join(path, "tokens.npy"), mmap_mode="r")
+    if dynamic.is_documents(read_metadata(path)):  # the tokens' unigram distribution
+        tokens = TokenStore.load(path).tokens
         if len(tokens) and int(tokens.max()) >= vocab_size:
             raise ValueError(f"{path}: token id {int(tokens.max())} >= vocab_size={vocab_size}")
-        counts += np.bincount(tokens, minlength=vocab_size)[:vocab_size]
-        logp = np.log((counts + 1.0) / (counts.sum() + vocab_size))
-        return (logp - logp.mean()).astype(np.float32)
-    for i, instance in enumerate(iterate_instances(path)):
-        if i == max_instances:
-            break
-        ids, weights = instance["masked_lm_ids"], instance["masked_lm_weights"]
-        if ids.max(initial=0) >= vocab_size:
-            raise ValueError(f"{path}: masked_lm_ids up to {int(ids.max())}, beyond vocab_size={vocab_size}")
-        np.add.at(counts, ids, weights)
+        counts += np.bincount(tokens, minlength=vocab_size)
+    else:
+        for i, instance in enumerate(iterate_instances(path)):
+            if i == max_instances:
+                break
+            ids, weights = instance["masked_lm_ids"], instance["masked_lm_weights"]
+            if ids.max(initial=0) >= vocab_size:
+                raise ValueError(f"{path}: masked_lm_ids up to {int(ids.max())}, beyond vocab_size={vocab_size}")
+            np.add.at(counts, ids, weights)
     log_prior = np.log((counts + 1.0) / (counts + 1.0).sum())
     return (log_prior - log_prior.mean()).astype(np.float32)
