@@ -8,9 +8,11 @@
    documents), WikiText-2 (articles) and the SQuAD train subset's paragraphs taken as documents (short
    Wikipedia text). Instances: create_pretraining_data with Google's uncased vocabulary, dupe_factor 1,
    seed 12345 (cached under --workdir). Bar: packed <= 5% at 128 and 512.
-2. The input pipeline per process (reading, decoding, drawing instances, packing; one process, threads):
-   rows/s and instances/s of static and dynamic instances (`bert_jax.data.dynamic`, from the corpus
-   tokenized once), unpacked and packed, against what one host of a v4-32 pod (4 hosts, global batch
+2. The input pipeline per process (reading, decoding, drawing instances, packing; the training process's
+   threads, and for dynamic packed data also 1 and 2 grain worker processes drawing): rows/s and
+   instances/s, start-up included, over 100 batches of 64 (dynamic: three windows of the instance
+   shuffle, 768 batches), of static and dynamic instances (`bert_jax.data.dynamic`, from
+   the corpus tokenized once), unpacked and packed, against what one host of a v4-32 pod (4 hosts, global batch
    256) must feed at the roofline step time of `python -m bert_jax.aot` for Base (--roofline_ms: phase 1,
    phase 2 packed; float32).
 3. Speed: the mini model's train step (4 layers, hidden 256; float32, one device = both cores), rows of
@@ -63,12 +65,14 @@ def documents(workdir: pathlib.Path, name: str) -> str:
     return str(out)
 
 
-def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batches: int = 100, batch_size: int = 64):
-    """(rows/s, instances/s) over `batches` batches read from a fresh iterator (start-up included)."""
+def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batches: int = 100, batch_size: int = 64,
+                  workers: int = 0):
+    """(rows/s, instances/s) over `batches` batches of a fresh iterator with `workers` grain worker
+    processes (start-up included)."""
     start = time.perf_counter()
     it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
                                             process_count=1, packing=packed, max_seq_length=length,
-                                            max_predictions_per_seq=predictions)
+                                            max_predictions_per_seq=predictions, worker_count=workers)
     count = 0
     for _ in range(batches):
         batch = next(it)
@@ -164,9 +168,13 @@ def main():
             for kind, path in (("static", instances(workdir, name, length, predictions)),
                                ("dynamic", documents(workdir, name))):
                 for packed in (False, True):
-                    rows, inst = pipeline_rate(path, packed, length, predictions)
-                    print(f"  {length:3d} {name:9s} {kind:7s} {'packed' if packed else 'padded'}: {rows:6.0f} rows/s, "
-                          f"{inst:6.0f} instances/s", flush=True)
+                    for workers in (0, 1, 2) if kind == "dynamic" and packed else (0,):
+                        # dynamic: three windows of the instance shuffle (it draws a whole window at a time)
+                        batches = 3 * dynamic.DEFAULT_SHUFFLE_WINDOW // 64 if kind == "dynamic" else 100
+                        rows, inst = pipeline_rate(path, packed, length, predictions, batches, workers=workers)
+                        print(f"  {length:3d} {name:9s} {kind:7s} {'packed' if packed else 'padded'}"
+                              f"{f' {workers} grain worker(s)' if workers else ''}: {rows:6.0f} rows/s, "
+                              f"{inst:6.0f} instances/s", flush=True)
     if args.skip_speed:
         return
     print(f"useful tokens/s of the mini train step, SQuAD paragraphs, padded vs packed "

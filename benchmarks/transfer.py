@@ -51,22 +51,27 @@ def _cached(path, compute):
     return value
 
 
-def pretraining_budget(config, seconds, sample=5000):
-    """Steps, sequences, non-padding tokens (sequences x the mean real length of the phase's first
-    `sample` instances) and wall time of a finished run."""
+def pretraining_budget(config, seconds, sample_batches=20):
+    """Steps, sequences (instances: a packed row holds several), non-padding tokens and wall time of a
+    finished run; the per-row means come from the first `sample_batches` batches each phase's own
+    iterator gives (`train.iterator`: static or dynamic, packed or not)."""
     import itertools
 
     from bert_jax import train
-    from bert_jax.data import pretraining
 
     sequences = tokens = 0
     for p in train.resolve_phases(config):
-        lengths = [int(x["attention_mask"].sum()) for x in itertools.islice(pretraining.iterate_instances(p.data_dir),
-                                                                           sample)]
-        n = (p.end - p.start) * p.batch_size
-        sequences += n
-        tokens += n * sum(lengths) / len(lengths)
-    return {"steps": config.total_steps, "sequences": sequences, "tokens": int(tokens), "seconds": seconds}
+        it = train.iterator(p, config, None)
+        batches = list(itertools.islice(it, sample_batches))
+        it.close()
+        rows = sum(len(b["input_ids"]) for b in batches)
+        instances = sum(float(b["next_sentence_weights"].sum()) if "next_sentence_weights" in b
+                        else len(b["input_ids"]) for b in batches)
+        real = sum(float(b["attention_mask"].sum()) for b in batches)
+        n = (p.end - p.start) * p.batch_size  # rows trained on in this phase
+        sequences += n * instances / rows
+        tokens += n * real / rows
+    return {"steps": config.total_steps, "sequences": int(sequences), "tokens": int(tokens), "seconds": seconds}
 
 
 def set_fields(config, assignments):

@@ -111,6 +111,8 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
             raise ValueError(f"config.{field}={config[field]} must be at least 1")
     if config.get("mlm_bias_init", "zeros") not in ("zeros", "log_prior"):
         raise ValueError(f"config.mlm_bias_init={config.mlm_bias_init!r} is not 'zeros' or 'log_prior'")
+    if config.get("data_workers", 0) < 0:
+        raise ValueError(f"config.data_workers={config.data_workers} must be non-negative")
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
         if p.batch_size % config.grad_accum_steps or \
@@ -353,13 +355,15 @@ class _Preemption:
 
 def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None):
     """The checkpointable iterator of `phase`'s batches (this process's rows of global batch_size; seed
-    config.seed + 1000 * phase index), positioned at `state` (its `get_state()`) when given."""
+    config.seed + 1000 * phase index; config.data_workers grain worker processes), positioned at `state`
+    (its `get_state()`) when given."""
     from bert_jax.data import pipeline
 
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
         max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
-        packing=phase.packing, max_instances=phase.max_instances or None)
+        packing=phase.packing, max_instances=phase.max_instances or None,
+        worker_count=config.get("data_workers", 0))
     if state is not None:
         it.set_state(state)
     return it

@@ -92,6 +92,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.grad_accum_steps = 1  # micro-batches per optimizer step
     # Two phases in one run (paper, appendix A.2): length 128 for 90% of the steps, then 512 for 10%.
     config.phases = [phase(128, 20, 0.9, "data/phase1", 256), phase(512, 80, 0.1, "data/phase2", 256)]
+    # grain worker processes per host decoding instances, or drawing them from tokenized documents (0: the
+    # training process's threads); the batches are the same for any count, a run resumes with its own
+    config.data_workers = 0
     config.eval_data_dir = ""  # held-out instances for eval_step ("" = no evaluation)
     config.eval_every = 10_000  # steps between evaluations
     config.eval_batches = 20  # batches per evaluation

@@ -1,5 +1,6 @@
 """Dynamic instances: drawn from tokenized documents while reading, with the original's procedure."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -71,9 +72,9 @@ def test_each_epoch_draws_afresh_and_a_resumed_stream_is_identical(documents, mo
     """The same document in epochs 0 and 1 gives other instances (masks, pairs); the same (epoch,
     document) gives the same ones; a stream restored from get_state (packed too) continues identically."""
     monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)  # a small corpus: a window of a few epochs
-    transform = dynamic._DocumentInstances(str(documents), pretraining.InstanceOptions(), seed=0, do_lower_case=True)
-    assert transform.flat_map((0, 1)) == transform.flat_map((0, 1))
-    assert transform.flat_map((0, 1)) != transform.flat_map((1, 1))
+    transform = dynamic._DrawInstances(str(documents), pretraining.InstanceOptions(), seed=0, do_lower_case=True)
+    assert transform.map((0, 1)) == transform.map((0, 1))
+    assert transform.map((0, 1)) != transform.map((1, 1))
     for packing in (False, True):
         it = _iterator(documents, global_batch_size=8, packing=packing, num_packing_bins=8)
         for _ in range(5):
@@ -88,6 +89,30 @@ def test_each_epoch_draws_afresh_and_a_resumed_stream_is_identical(documents, mo
                 np.testing.assert_array_equal(got[k], w[k], err_msg=k)
     with pytest.raises(ValueError, match="iterator state has dynamic=False"):  # a static stream's state
         _iterator(documents, global_batch_size=8, packing=True, num_packing_bins=8).set_state(dict(state, dynamic=False))
+
+
+@pytest.mark.parametrize("source", ["documents", "static"])
+def test_grain_workers_give_the_same_batches_and_resume(source, documents, instances, monkeypatch):
+    """Two grain worker processes drawing instances from documents, or decoding static ones, then packed,
+    give the batches the training process gives alone and resume from their own state; another
+    worker_count's state is a one-line error (grain's state holds the workers')."""
+    monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)
+    path = documents if source == "documents" else instances / "p2"
+    kw = dict(global_batch_size=8, packing=True, num_packing_bins=8)
+    want = list(itertools.islice(_iterator(path, **kw), 6))
+    it = _iterator(path, worker_count=2, **kw)
+    got = [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(it.get_state()))
+    it.close()
+    resumed = _iterator(path, worker_count=2, **kw)
+    resumed.set_state(state)
+    got += [next(resumed) for _ in range(3)]
+    resumed.close()
+    for w, g in zip(want, got, strict=True):
+        for k in w:
+            np.testing.assert_array_equal(g[k], w[k], err_msg=k)
+    with pytest.raises(ValueError, match="saved with worker_count=2, this iterator has worker_count=0"):
+        _iterator(path, **kw).set_state(state)
 
 
 def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):

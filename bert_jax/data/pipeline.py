@@ -49,7 +49,9 @@ and next_sentence_weights and next_sentence_labels becomes [B, K] (layout in `pa
 grain's iterator state (the position where the current packing window started, and the rows already
 emitted from it): a resumed iterator gives the same rows. The state is this process's own (it holds
 process_index): training checkpoints every process's state (`train`), and resumes on the same
-process_count.
+process_count. With worker_count > 0 the instances are decoded (or, from documents, drawn) in grain
+worker processes, one output per record (per document), read round-robin: the rows are the same for
+every worker_count, but grain's state is not, so a run resumes with the worker_count it saved with.
 
 Tokenized documents (a directory of `bert_jax.data.dynamic`, `create_pretraining_data --tokenize_only`):
 the instances are drawn while reading (`dynamic.instance_stream`: documents shuffled per epoch and split
@@ -89,6 +91,18 @@ def _decode_batch(records: Sequence[bytes], max_seq_length: int,
     return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
 
 
+def in_workers(ds: grain.IterDataset, worker_count: int) -> grain.IterDataset:
+    """`ds` computed in `worker_count` grain worker processes (`mp_prefetch`; each a slice of the map
+    stages before `to_iter_dataset`, read round-robin), or as is for 0."""
+    if not worker_count:
+        return ds
+    # grain 0.2.18 reads an absl flag when starting workers and fails if flags were never parsed
+    # (scripts and tests without absl.app; google/grain#1355, fixed upstream by #1362).
+    if not absl_flags.FLAGS.is_parsed():
+        absl_flags.FLAGS.mark_as_parsed()
+    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+
+
 class PretrainingIterator(grain.DatasetIterator):
     """Per-process batches of pre-training instances; checkpointable (see the module docstring).
 
@@ -112,14 +126,7 @@ class PretrainingIterator(grain.DatasetIterator):
         self._it = self._start(0)
 
     def _start(self, position: int) -> grain.DatasetIterator:
-        ds = self._batches[position:].to_iter_dataset(_READ_OPTIONS)
-        if self._worker_count:
-            # grain 0.2.18 reads an absl flag when starting workers and fails if flags were never parsed
-            # (scripts and tests without absl.app; google/grain#1355, fixed upstream by #1362).
-            if not absl_flags.FLAGS.is_parsed():
-                absl_flags.FLAGS.mark_as_parsed()
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count))
-        return iter(ds)
+        return iter(in_workers(self._batches[position:].to_iter_dataset(_READ_OPTIONS), self._worker_count))
 
     def __next__(self) -> dict[str, np.ndarray]:
         batch = next(self._it)
@@ -196,12 +203,16 @@ class PackedPretrainingIterator(grain.DatasetIterator):
 
         Raises:
           ValueError: a state made with other settings (those of `PretrainingIterator`, the packing
-            settings or another process_count), or without grain's state.
+            settings, another process_count or worker_count), or without grain's state.
         """
         for key in _PACKED_STATE_KEYS:
             if state.get(key) != self._settings[key]:
                 raise ValueError(f"iterator state has {key}={state.get(key)!r}, this iterator "
                                  f"{key}={self._settings[key]!r}")
+        if state.get("worker_count", 0) != self._settings["worker_count"]:  # grain's state differs with workers
+            raise ValueError(f"iterator state was saved with worker_count={state.get('worker_count', 0)}, this "
+                             f"iterator has worker_count={self._settings['worker_count']}: resume with the same "
+                             f"number of grain workers")
         if not isinstance(state.get("grain"), dict):
             raise ValueError("iterator state has no grain state (not a packed iterator's state)")
         self._it.close()
@@ -271,8 +282,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags); for
         tokenized documents, required: the instances to draw (the original's other flags at their
         defaults, `pretraining.InstanceOptions`).
-      worker_count: grain worker processes decoding batches (0: in this process, with threads); 0 when
-        packing or drawing from documents.
+      worker_count: grain worker processes (0: in this process, with threads): decoding batches of static
+        instances, or drawing instances from tokenized documents (the same stream for every count); 0
+        when packing static instances.
       packing: pack several instances per row (module docstring: Packing).
       max_instances: K, instances per packed row; default `packing.default_max_instances`.
       num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
@@ -321,9 +333,6 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
-    if (packing or documents) and worker_count:
-        raise ValueError(f"worker_count={worker_count}: packing and drawing from documents run in this process "
-                         f"(worker_count=0)")
     if (packing or documents) and process_count > 1 and num_epochs is not None:
         raise ValueError(f"packing or tokenized documents on {process_count} processes need num_epochs=None "
                          f"(processes would make different numbers of rows from a finite stream)")
@@ -334,7 +343,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions)
         records = dynamic.instance_stream(path, metadata, options, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                                           process_index=process_index, process_count=process_count,
-                                          read_options=_READ_OPTIONS)
+                                          read_options=_READ_OPTIONS, worker_count=worker_count)
     else:
         source = open_shards(path, metadata)
         num_instances = len(source)
@@ -343,16 +352,20 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
             shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
             ds = ds.shuffle(seed=shuffle_seed)
         ds = ds.repeat(num_epochs)
-        records = ds[process_index::process_count].to_iter_dataset(_READ_OPTIONS) if packing else None
+    decode_unpadded = functools.partial(_decode_unpadded, max_seq_length=length, max_predictions_per_seq=predictions)
     if packing or documents:
         from bert_jax.data import packing as packing_lib
 
         if packing:
             max_instances = max_instances or packing_lib.default_max_instances(length)
             num_packing_bins = num_packing_bins or packing_lib.DEFAULT_PACKING_BINS
+            if documents:
+                instances = records.map(decode_unpadded)
+            else:  # decoded in the workers: one output per record, so the same stream for any worker_count
+                instances = in_workers(ds[process_index::process_count].map(decode_unpadded)
+                                       .to_iter_dataset(_READ_OPTIONS), worker_count)
             rows = packing_lib.pack(
-                records.map(functools.partial(_decode_unpadded, max_seq_length=length,
-                                              max_predictions_per_seq=predictions)),
+                instances,
                 max_seq_length=length, max_predictions_per_seq=predictions, max_instances=max_instances,
                 num_packing_bins=num_packing_bins,
                 seed=int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0]))
@@ -364,7 +377,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                     "num_instances": num_instances, "max_instances": max_instances if packing else 0,
                     "num_packing_bins": num_packing_bins if packing else 0, "process_count": process_count,
                     "process_index": process_index,
-                    "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions}
+                    "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions,
+                    "worker_count": worker_count}
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,
