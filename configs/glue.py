@@ -42,6 +42,11 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.use_tfds = False  # read TFDS glue/<task> instead (prepared beforehand; never downloads here)
     config.tfds_data_dir = ""
     config.do_predict = False  # also predict the test set(s): <workdir>/submission/<GLUE name>.tsv
+    # MNLI's do_predict also predicts GLUE's diagnostic set into AX.tsv (the server needs it): from
+    # diagnostic_file ("" = diagnostic/diagnostic.tsv beside data_dir, the GLUE download's layout) or,
+    # with use_tfds, TFDS glue/ax
+    config.predict_diagnostic = task == "mnli"
+    config.diagnostic_file = ""
     config.max_seq_length = 128
     # Dynamic padding (finetune.Padding): each batch padded to its longest sequence rounded up to a
     # multiple of length_buckets tokens (at most max_seq_length: one compiled program per length);

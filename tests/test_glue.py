@@ -182,6 +182,12 @@ FILES = {
         "test.tsv": _tsv(("index", "sentence1", "sentence2"),
                          ("0", "The library lends e-books to members.", "Members can borrow e-books.")),
     },
+    "diagnostic": {  # GLUE's AX set, as the GLUE download writes it (diagnostic/diagnostic.tsv)
+        "diagnostic.tsv": _tsv(("index", "sentence1", "sentence2"),
+                               ("0", "The cat sat on the mat.", "The cat did not sit on the mat."),
+                               ("1", "Every student passed the exam.", "Some students passed the exam."),
+                               ("2", "Tom's sister lives in Paris.", "Tom has a sister.")),
+    },
     "WNLI": {
         "train.tsv": _tsv(("index", "sentence1", "sentence2", "label"),
                           ("0", "The trophy would not fit in the suitcase because it was too big.",
@@ -244,6 +250,9 @@ EXPECTED_TEST = {  # test files: (guid = the file's index column, text_a, text_b
     ("qnli", "test.tsv"): [("0", "How tall is the tower?", "The tower rises 300 metres above the city.")],
     ("rte", "test.tsv"): [("0", "The library lends e-books to members.", "Members can borrow e-books.")],
     ("wnli", "test.tsv"): [("0", "The dog chased the cat until it was tired.", "The dog was tired.")],
+    ("ax", "diagnostic.tsv"): [("0", "The cat sat on the mat.", "The cat did not sit on the mat."),
+                               ("1", "Every student passed the exam.", "Some students passed the exam."),
+                               ("2", "Tom's sister lives in Paris.", "Tom has a sister.")],
 }
 
 
@@ -258,7 +267,7 @@ def glue_dir(tmp_path_factory):
 
 
 def _read(glue_dir, task, name):
-    return glue.read_glue_tsv(task, str(glue_dir / glue.TASKS[task].folder / name))
+    return glue.read_glue_tsv(task, str(glue_dir / glue.get_task(task).folder / name))
 
 
 def test_the_nine_tasks():
@@ -362,7 +371,8 @@ def _tfds_raw(name, split):
 
 @pytest.mark.parametrize("task,splits", [("cola", ["train", "validation", "test"]),
                                          ("stsb", ["train", "validation"]),
-                                         ("mnli", ["validation_matched", "validation_mismatched", "test_matched"])])
+                                         ("mnli", ["validation_matched", "validation_mismatched", "test_matched"]),
+                                         ("ax", ["test"])])
 def test_tfds_path_on_mock_data(task, splits):
     """TFDS glue/<task> under tfds.testing.mock_data (offline, generated examples): texts, idx and labels,
     TFDS's class indices mapped by name into this task's label order (glue/mnli orders them entailment,
@@ -370,7 +380,7 @@ def test_tfds_path_on_mock_data(task, splits):
     import tensorflow_datasets as tfds
     import tensorflow_datasets.text.glue  # noqa: F401  registers glue/* for tfds.builder
 
-    spec = glue.TASKS[task]
+    spec = glue.get_task(task)
     with tfds.testing.mock_data(num_examples=6):
         names = None if spec.is_regression else tfds.builder(spec.tfds_name).info.features["label"].names
         for split in splits:
@@ -540,12 +550,26 @@ def test_mnli_job_both_dev_sets_end_to_end(glue_dir, data_dir, tmp_path):
     assert metrics["matched_majority_accuracy"] == 50.0 and metrics["mismatched_majority_accuracy"] == pytest.approx(
         100 / 3)
     assert "accuracy" not in metrics
-    assert [p.rsplit("/", 1)[1] for p in metrics["submission"]] == ["MNLI-m.tsv", "MNLI-mm.tsv"]
-    matched, mismatched = (_submission(tmp_path / "submission" / n) for n in ("MNLI-m.tsv", "MNLI-mm.tsv"))
+    assert [p.rsplit("/", 1)[1] for p in metrics["submission"]] == ["MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"]
+    matched, mismatched, ax = (_submission(tmp_path / "submission" / n) for n in ("MNLI-m.tsv", "MNLI-mm.tsv",
+                                                                                   "AX.tsv"))
     assert [i for i, _ in matched] == ["0", "1"] and [i for i, _ in mismatched] == ["0"]
-    assert {p for _, p in matched + mismatched} <= {"contradiction", "entailment", "neutral"}
+    assert [i for i, _ in ax] == ["0", "1", "2"]  # the diagnostic file beside MNLI/, predicted by the MNLI model
+    assert {p for _, p in matched + mismatched + ax} <= {"contradiction", "entailment", "neutral"}
     for name, n in (("dev_matched_predictions.tsv", 2), ("dev_mismatched_predictions.tsv", 3)):
         assert len((tmp_path / name).read_text().splitlines()) == n + 1
+
+
+def test_mnli_predict_without_the_diagnostic_file_is_one_line(glue_dir, data_dir, tmp_path):
+    """MNLI's do_predict needs GLUE's diagnostic set for AX.tsv: a missing file fails before training,
+    naming it and the two ways out; only MNLI's config predicts it by default."""
+    config = _job_config("mnli", glue_dir, data_dir)
+    config.diagnostic_file = str(tmp_path / "AX" / "diagnostic.tsv")
+    with pytest.raises(FileNotFoundError, match=r"AX/diagnostic.tsv' does not exist .* set config.diagnostic_file, "
+                                                r"or config.predict_diagnostic=False$"):
+        glue_task.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    assert glue_config.get_config("mnli").predict_diagnostic and not glue_config.get_config("rte").predict_diagnostic
 
 
 def test_submission_writer_label_strings(tmp_path):
@@ -594,8 +618,8 @@ def test_bad_rows_are_one_line(tmp_path, task, text, match):
 
 
 def test_bad_task_and_missing_file_are_one_line(tmp_path):
-    with pytest.raises(ValueError, match=r"^GLUE task 'ax' is not one of \['cola', 'mnli', "):
-        glue.read_glue_tsv("ax", str(tmp_path / "dev.tsv"))
+    with pytest.raises(ValueError, match=r"^GLUE task 'boolq' is not one of \['cola', 'mnli', "):
+        glue.read_glue_tsv("boolq", str(tmp_path / "dev.tsv"))
     with pytest.raises(FileNotFoundError, match="dev.tsv' does not exist"):
         glue.read_glue_tsv("cola", str(tmp_path / "dev.tsv"))
     (tmp_path / "empty.tsv").write_text("")

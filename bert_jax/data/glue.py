@@ -16,7 +16,8 @@ Tasks (`TASKS`, keyed by TFDS config name) and their files in the GLUE download'
   wnli   WNLI    0 1                                    4 (as QNLI)                    3
 
 MNLI's dev sets are dev_matched.tsv and dev_mismatched.tsv, its test sets test_matched.tsv and
-test_mismatched.tsv. Column choices and label orders are google-research/bert `run_classifier.py`'s
+test_mismatched.tsv. GLUE's diagnostic set (`AX`, read as task "ax": diagnostic/diagnostic.tsv, 3 columns
+index, sentence1, sentence2, or TFDS glue/ax) is predicted with the MNLI model for the server's AX.tsv. Column choices and label orders are google-research/bert `run_classifier.py`'s
 processors (ColaProcessor, MrpcProcessor, MnliProcessor: labels contradiction, entailment, neutral) and,
 for the tasks it has no processor for, transformers' `data/processors/glue.py` processors that extend
 them in the same style (Sst2, Stsb, Qqp, Qnli, Rte, Wnli). A test file is told by its header: its
@@ -157,10 +158,18 @@ TASKS: dict[str, GlueTask] = {t.name: t for t in [
           ("not_entailment", "entailment")),
 ]}
 STSB_RANGE = (0.0, 5.0)  # STS-B similarity scores
+# GLUE's diagnostic set (AX): unlabelled NLI pairs, predicted by an MNLI model for the GLUE server's AX.tsv;
+# `<GLUE_DIR>/diagnostic/diagnostic.tsv` (index, sentence1, sentence2) or TFDS glue/ax "test". Not a
+# task to fine-tune on: `get_task("ax")` reads it, `TASKS` leaves it out.
+AX = GlueTask("ax", "diagnostic", TASKS["mnli"].labels, (), Layout((3,), True, 1, 2, None, "index"), _PAIR3_TEST,
+              (), (Split("diagnostic.tsv", "test", "AX.tsv"),), ("premise", "hypothesis"),
+              ("contradiction", "entailment", "neutral"))
 
 
 def get_task(task: str) -> GlueTask:
-    """`TASKS[task]`. Raises ValueError (one line): not a GLUE task."""
+    """`TASKS[task]`, or `AX` for "ax". Raises ValueError (one line): not a GLUE task."""
+    if task == AX.name:
+        return AX
     if task not in TASKS:
         raise ValueError(f"GLUE task {task!r} is not one of {sorted(TASKS)}")
     return TASKS[task]

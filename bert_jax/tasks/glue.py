@@ -16,11 +16,14 @@ CoLA Matthews correlation (`mcc`); SST-2, MNLI, QNLI, RTE, WNLI `accuracy`; MRPC
 
 Writes metrics.json, dev_predictions.tsv (MNLI: dev_matched_predictions.tsv, dev_mismatched_predictions.tsv),
 tensorboard/ and the fine-tuned state in checkpoints/ under the workdir; with config.do_predict, the
-GLUE-server submission files of the test set(s) in <workdir>/submission/ (`write_submission`).
+GLUE-server submission files of the test set(s) in <workdir>/submission/ (`write_submission`); MNLI
+also writes AX.tsv, its model's predictions on GLUE's diagnostic set (`glue.AX`; config.diagnostic_file,
+config.predict_diagnostic), which the server needs for a complete submission.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Sequence
 
@@ -119,6 +122,23 @@ def _examples(config: ml_collections.ConfigDict, file: str, tfds_split: str) -> 
     return examples
 
 
+def _diagnostic_examples(config: ml_collections.ConfigDict) -> list[glue.InputExample]:
+    """GLUE's diagnostic set (`glue.AX`): TFDS glue/ax "test", or config.diagnostic_file (default
+    diagnostic/diagnostic.tsv beside the MNLI folder, the GLUE download's layout).
+
+    Raises:
+      FileNotFoundError: no such file (one line, saying how to point to it or turn it off).
+    """
+    if config.use_tfds:
+        return glue.read_glue_tfds(glue.AX.name, "test", data_dir=config.tfds_data_dir or None)
+    path = config.diagnostic_file or storage.join(os.path.dirname(str(config.data_dir).rstrip("/")),
+                                                  glue.AX.folder, glue.AX.test_sets[0].file)
+    if not storage.is_file(path):
+        raise FileNotFoundError(f"GLUE diagnostic file {path!r} does not exist (MNLI's do_predict writes AX.tsv "
+                                f"from it): set config.diagnostic_file, or config.predict_diagnostic=False")
+    return glue.read_glue_tsv(glue.AX.name, path)
+
+
 def _predictions(spec: glue.GlueTask, logits: np.ndarray) -> np.ndarray:
     """float32 [N, C] logits -> int [N] label indices, or float32 [N] scores (regression, C = 1)."""
     return logits[:, 0] if spec.is_regression else np.argmax(logits, axis=-1)
@@ -158,6 +178,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     devs = [(split, features(_examples(config, split.file, split.tfds))) for split in spec.dev]
     tests = ([(split, _examples(config, split.file, split.tfds)) for split in spec.test_sets]
              if config.do_predict else [])  # read before training: a bad file fails first
+    if config.do_predict and spec.name == "mnli" and config.get("predict_diagnostic", True):
+        tests.append((glue.AX.test_sets[0], _diagnostic_examples(config)))  # AX.tsv, MNLI's labels
     model = modeling.BertForSequenceClassification(init.config, num_labels=spec.num_labels)
     mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
