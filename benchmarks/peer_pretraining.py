@@ -128,7 +128,7 @@ def batch_losses(model, batch: dict[str, Any], mlm_count: float, nsp_count: floa
     mlm_count, nsp_count = max(mlm_count, 1e-12), max(nsp_count, 1e-12)  # losses._ratio's guard
     mlm_loss = (nll * weights).sum() / mlm_count
     nsp_loss = F.cross_entropy(nsp_logits.float(), labels, reduction="sum") / nsp_count
-    with torch.no_grad():  # argmax: ties to the first index, as losses.is_argmax
+    with torch.no_grad():  # argmax: ties to the first index, as losses.masked_lm_accuracy (jnp.argmax)
         mlm_correct = ((mlm_logits.argmax(-1) == ids).float() * weights).sum().item()
         nsp_correct = (nsp_logits.argmax(-1) == labels).float().sum().item()
     metrics = {"mlm_loss": mlm_loss.item(), "mlm_accuracy": mlm_correct / mlm_count, "nsp_loss": nsp_loss.item(),

@@ -19,42 +19,38 @@ from typing import Mapping
 
 import jax
 import jax.numpy as jnp
-
-from bert_jax import kernels as kernel_sets
+import optax
 
 Array = jax.Array
 
 
-def _cross_entropy(logits: Array, labels: Array, kernels: str = "reference") -> Array:
+def _cross_entropy(logits: Array, labels: Array) -> Array:
     """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood,
-    computed in float32 by the `bert_jax.kernels` set `kernels`."""
-    return kernel_sets.get(kernels).nll(logits.astype(jnp.float32), labels.astype(jnp.int32))
+    computed in float32 (optax's integer-label cross-entropy)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels.astype(jnp.int32))
 
 
-def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array,
-                   kernels: str = "reference") -> tuple[Array, Array]:
+def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
     """Weighted masked-LM cross-entropy.
 
     Args:
       logits: [B, P, V] logits at the masked positions (float32 or bfloat16).
       masked_lm_ids: int32 [B, P] original token ids at those positions (padding entries: any id).
       masked_lm_weights: float32 [B, P], 1.0 for a real prediction, 0.0 for padding.
-      kernels: the `bert_jax.kernels` set computing the log-likelihood (a name of `kernels.KERNELS`).
 
     Returns:
       (sum over positions of weight * nll, sum of weights), both float32 scalars. The original's loss is
       their ratio (it adds 1e-5 to the denominator; `pretraining_loss` guards the empty case instead).
     """
     weights = masked_lm_weights.astype(jnp.float32)
-    return jnp.sum(_cross_entropy(logits, masked_lm_ids, kernels) * weights), jnp.sum(weights)
+    return jnp.sum(_cross_entropy(logits, masked_lm_ids) * weights), jnp.sum(weights)
 
 
-def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array,
-                       kernels: str = "reference") -> tuple[Array, Array]:
+def masked_lm_accuracy(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:
     """(weighted count of argmax == masked_lm_ids (ties: the first index), sum of weights), float32
-    scalars; shapes and `kernels` as `masked_lm_loss`."""
+    scalars; shapes as `masked_lm_loss`."""
     weights = masked_lm_weights.astype(jnp.float32)
-    correct = kernel_sets.get(kernels).is_argmax(logits, masked_lm_ids).astype(jnp.float32)
+    correct = (jnp.argmax(logits, axis=-1) == masked_lm_ids).astype(jnp.float32)
     return jnp.sum(correct * weights), jnp.sum(weights)
 
 
@@ -122,8 +118,7 @@ def _ratio(pair: tuple[Array, Array]) -> Array:
 
 
 def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, Array],
-                     denominators: tuple[Array, Array] | None = None,
-                     kernels: str = "reference") -> tuple[Array, dict[str, Array]]:
+                     denominators: tuple[Array, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """Total pre-training loss = mean masked-LM loss + mean next-sentence loss (paper, appendix A.2).
 
     Args:
@@ -136,16 +131,15 @@ def pretraining_loss(mlm_logits: Array, nsp_logits: Array, batch: Mapping[str, A
         that this one is a micro-batch of; default this batch's own. With them, the losses and
         accuracies of the micro-batches add up to those of the whole batch (gradient accumulation that
         equals one big batch even when micro-batches hold different numbers of predictions).
-      kernels: the `bert_jax.kernels` set of the masked-LM loss and accuracy (the model's).
 
     Returns:
       (loss float32 scalar, metrics) where metrics holds float32 scalars `mlm_loss`, `mlm_accuracy`,
       `nsp_loss`, `nsp_accuracy` and `num_predictions` (sum of this batch's masked_lm_weights).
     """
-    mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
+    mlm = masked_lm_loss(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     nsp_weights = batch.get("next_sentence_weights")
     nsp = next_sentence_loss(nsp_logits, batch["next_sentence_labels"], nsp_weights)
-    mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"], kernels)
+    mlm_correct = masked_lm_accuracy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     nsp_correct = next_sentence_accuracy(nsp_logits, batch["next_sentence_labels"], nsp_weights)
     mlm_count, nsp_count = denominators if denominators is not None else (mlm[1], nsp[1])
     mlm_loss, nsp_loss = _ratio((mlm[0], mlm_count)), _ratio((nsp[0], nsp_count))

@@ -26,8 +26,9 @@ use `vocab`, `embed`, `embed_out` (output side of a D x D kernel), `heads`, `kv`
 Precision: parameters are stored in `param_dtype` (float32 by default) and cast to `dtype` for
 matmuls; attention softmax, LayerNorm statistics and the MLM logits are always float32.
 
-Kernels: GELU, the feed-forward block's first dense layer, the tied MLM logits, dropout and LayerNorm
-come from `bert_jax.kernels.get(config.kernels)`: flax / jax forms by default, XLA:CPU forms on CPU.
+Kernels: GELU, the feed-forward block's first dense layer, the tied MLM logits and dropout (and, in the
+splash set, attention) come from `bert_jax.kernels.get(config.kernels)`: flax / jax forms by default,
+XLA:CPU forms on CPU. LayerNorm is flax's in every set.
 `deterministic` (True: no dropout) is a call argument at every level.
 """
 
@@ -256,8 +257,12 @@ def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str |
 
 
 def _layer_norm(config: BertConfig, name: str) -> nn.Module:
-    return _kernels(config).layer_norm(config.layer_norm_eps, jnp.dtype(config.dtype),
-                                       jnp.dtype(config.param_dtype), name=name)
+    """flax's LayerNorm with the exact two-pass variance (as torch.nn.LayerNorm and the original's
+    tf.contrib LayerNorm), float32 statistics, parameters `scale` / `bias` [D] on logical axis `embed`."""
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=jnp.dtype(config.dtype),
+                        param_dtype=jnp.dtype(config.param_dtype), use_fast_variance=False,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name=name)
 
 
 def _dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> Array:

@@ -234,7 +234,7 @@ def loss_and_metrics(params: Any, batch: Batch, dropout_rng: jax.Array, denomina
                       batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": dropout_rng},
                       segment_ids=batch.get("segment_ids"), position_ids=batch.get("position_ids"),
                       next_sentence_positions=batch.get("next_sentence_positions"))
-    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators, kernels=model.config.kernels)
+    return losses.pretraining_loss(out.mlm_logits, out.nsp_logits, batch, denominators)
 
 
 def loss_denominators(batch: Batch) -> tuple[jax.Array, jax.Array]:

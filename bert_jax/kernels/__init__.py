@@ -8,9 +8,6 @@ where the compiler of one backend needs help get their operation from `get(name)
   feed-forward dense   flax Dense's lax.dot_general              kernel gradient from x^T, held apart
   tied MLM logits      einsum + bias                             hand-written gradient
   dropout              flax.linen.Dropout (JAX PRNG)             counter-hash mask
-  LayerNorm            flax.linen.LayerNorm (two-pass variance)  same formula, plain jnp
-  nll                  optax integer-label cross-entropy         hand-written gradient
-  is_argmax            argmax == label                           one `any` reduction
   attention            the model's softmax(q k^T + mask) v       (splash set: Pallas splash attention)
 
 The "tpu" set (`bert_jax.kernels.tpu`) is the reference with xla_cpu's GELU, the one kernel that also
@@ -67,10 +64,6 @@ class Kernels:
         x @ table^T + bias with x and table cast to the compute dtype.
       dropout: a flax module class, called `dropout(rate)(x, deterministic=...)`: inverted dropout on
         the "dropout" PRNG stream.
-      layer_norm: (epsilon, dtype, param_dtype, name) -> a flax module normalising the last axis with
-        float32 statistics and parameters `scale`, `bias` [D] (logical axis `embed`).
-      nll: (float32 logits [..., K], int32 labels [...]) -> float32 [...] negative log-likelihood.
-      is_argmax: (logits [..., K], int labels [...]) -> bool [...], labels == argmax (ties: first).
       attention: None (the model's own attention), or (query [B, N, L, H] scaled, key, value,
         segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids, no dropout.
     """
@@ -80,9 +73,6 @@ class Kernels:
     dot_general: Callable | None
     tied_logits: Callable
     dropout: Any
-    layer_norm: Callable
-    nll: Callable
-    is_argmax: Callable
     attention: Callable | None = None
 
 
