@@ -4,7 +4,7 @@
 
 Recipe: max_seq_length 128, batch 32, AdamW lr 5e-5 (--learning_rate), 10% warmup then linear decay,
 3 epochs, float32, one CPU device. Prints the task's dev metrics (MRPC: accuracy and F1) next to the
-majority-class accuracy (68.4% on MRPC dev). Bar: accuracy >= 75%.
+majority-class accuracy (68.4% on MRPC dev, 50.9% on SST-2 dev). Bar: accuracy >= 75%.
 """
 
 import argparse
