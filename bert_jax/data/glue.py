@@ -17,10 +17,11 @@ Tasks (`TASKS`, keyed by TFDS config name) and their files in the GLUE download'
 
 MNLI's dev sets are dev_matched.tsv and dev_mismatched.tsv, its test sets test_matched.tsv and
 test_mismatched.tsv. GLUE's diagnostic set (`AX`, read as task "ax": diagnostic/diagnostic.tsv, 3 columns
-index, sentence1, sentence2, or TFDS glue/ax) is predicted with the MNLI model for the server's AX.tsv. Column choices and label orders are google-research/bert `run_classifier.py`'s
-processors (ColaProcessor, MrpcProcessor, MnliProcessor: labels contradiction, entailment, neutral) and,
-for the tasks it has no processor for, transformers' `data/processors/glue.py` processors that extend
-them in the same style (Sst2, Stsb, Qqp, Qnli, Rte, Wnli). A test file is told by its header: its
+index, sentence1, sentence2, or TFDS glue/ax) is predicted with the MNLI model for the server's AX.tsv.
+Column choices and label orders are google-research/bert `run_classifier.py`'s processors
+(ColaProcessor, MrpcProcessor, MnliProcessor: labels contradiction, entailment, neutral) and, for the
+tasks it has no processor for, transformers' `data/processors/glue.py` processors that extend them in the
+same style (Sst2, Stsb, Qqp, Qnli, Rte, Wnli). A test file is told by its header: its
 first column is the test layout's (`index`, QQP `id`) and it has the test layout's column count.
 
 QQP: the released train.tsv has a few rows broken by stray line breaks inside a question (a row cut in

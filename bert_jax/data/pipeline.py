@@ -282,9 +282,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags); for
         tokenized documents, required: the instances to draw (the original's other flags at their
         defaults, `pretraining.InstanceOptions`).
-      worker_count: grain worker processes (0: in this process, with threads): decoding batches of static
-        instances, or drawing instances from tokenized documents (the same stream for every count); 0
-        when packing static instances.
+      worker_count: grain worker processes (0: in this process, with threads): decoding static instances
+        (batches, or instances before packing), or drawing instances from tokenized documents; the same
+        stream for every count.
       packing: pack several instances per row (module docstring: Packing).
       max_instances: K, instances per packed row; default `packing.default_max_instances`.
       num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
