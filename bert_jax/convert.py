@@ -57,9 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.modeling import (BERT_CONFIG_FIELDS, BertConfig, BertForMultipleChoice, BertForPreTraining,
-                               BertForQuestionAnswering, BertForSequenceClassification,
-                               BertForTokenClassification)
+from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig
+from bert_jax.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+                            BertForTokenClassification)
+from bert_jax.modeling import BertForPreTraining
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +351,7 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
       When config.json `architectures` names BertForMultipleChoice or BertForTokenClassification, the
       tree also holds that model's head, read from `classifier.weight` [C, D] / `classifier.bias` [C]:
       `choice_classifier` (kernel [D, 1], bias [1]) or `token_classifier` (kernel [D, C], bias [C]), as
-      `modeling.BertForMultipleChoice` / `modeling.BertForTokenClassification` name them.
+      `heads.BertForMultipleChoice` / `heads.BertForTokenClassification` name them.
 
     Raises:
       FileNotFoundError: no config.json or no weight file.
@@ -622,14 +623,14 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
     The kind of tree is told by its top-level keys, and transformers' `from_pretrained` of the class
     named in config.json `architectures` loads the directory with no missing or unexpected tensor:
       "bert" + mlm_transform, mlm_LayerNorm, mlm_output_bias, nsp -> `BertForPreTraining`
-      "bert" + "qa_outputs" (`modeling.BertForQuestionAnswering`, no pooler) -> `BertForQuestionAnswering`
+      "bert" + "qa_outputs" (`heads.BertForQuestionAnswering`, no pooler) -> `BertForQuestionAnswering`
         (qa_outputs.weight [2, D], qa_outputs.bias [2]; start logits index 0, end logits index 1)
-      "bert" + "classifier" (`modeling.BertForSequenceClassification`) -> `BertForSequenceClassification`
+      "bert" + "classifier" (`heads.BertForSequenceClassification`) -> `BertForSequenceClassification`
         (classifier.weight [C, D], classifier.bias [C]; config.json id2label / label2id of C labels;
         C = 1, a regression head such as STS-B's, also writes problem_type "regression")
-      "bert" + "choice_classifier" (`modeling.BertForMultipleChoice`) -> `BertForMultipleChoice`
+      "bert" + "choice_classifier" (`heads.BertForMultipleChoice`) -> `BertForMultipleChoice`
         (classifier.weight [1, D], classifier.bias [1]: one score per choice)
-      "bert" + "token_classifier" (`modeling.BertForTokenClassification`, no pooler) ->
+      "bert" + "token_classifier" (`heads.BertForTokenClassification`, no pooler) ->
         `BertForTokenClassification` (classifier.weight [C, D], classifier.bias [C]; config.json id2label /
         label2id of C labels, e.g. the NER tags)
       embeddings, encoder, pooler (`modeling.BertModel`) -> `BertModel`

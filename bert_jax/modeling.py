@@ -1,4 +1,4 @@
-"""The BERT model in Flax linen: encoder, pre-training heads and fine-tuning heads.
+"""The BERT model in Flax linen: embeddings, Transformer encoder and the pre-training heads.
 
 Architecture as in Devlin et al. 2018 (arXiv 1810.04805, section 3) and google-research/bert
 `modeling.py`: learned absolute position and token-type embeddings, post-LayerNorm Transformer layers
@@ -30,14 +30,15 @@ Kernels: GELU, the feed-forward block's first dense layer, the tied MLM logits a
 splash set, attention) come from `bert_jax.kernels.get(config.kernels)`: flax / jax forms by default,
 XLA:CPU forms on CPU. LayerNorm is flax's in every set.
 `deterministic` (True: no dropout) is a call argument at every level.
+
+The config is `bert_jax.bert_config.BertConfig` (also importable from here); the fine-tuning heads
+(SQuAD, GLUE, SWAG, NER) are in `bert_jax.heads`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import flax.linen as nn
 import flax.struct
@@ -45,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import kernels
+from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig  # noqa: F401 (the model's config, re-exported)
 
 Array = jax.Array
 
@@ -61,120 +63,6 @@ _REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-# bert_config.json fields, in the original's order.
-BERT_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                      "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-                      "type_vocab_size", "initializer_range", "layer_norm_eps")
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """Model hyper-parameters, named as in the original `bert_config.json`.
-
-    The first twelve fields are those of `bert_config.json` (google-research/bert) and of Hugging Face's
-    `BertConfig`; defaults are BERT-Base. The rest choose how the same model is computed:
-
-    Attributes:
-      dtype: compute dtype name for matmuls and activations, "float32" or "bfloat16".
-      param_dtype: storage dtype name of the parameters (float32 by default).
-      scan_layers: stack the layers under `nn.scan` (parameters get a leading `layers` axis of length
-        num_hidden_layers); compiles 24 layers as fast as one.
-      remat_policy: activation rematerialisation of each layer: "none", "full", "dots" or
-        "dots_no_batch" (a `jax.checkpoint_policies` policy).
-      kernels: "auto", "reference", "xla_cpu" or "tpu", the `bert_jax.kernels` set (auto: xla_cpu when the
-        default backend is the CPU; programs compiled ahead of time resolve it for their target).
-
-    Raises:
-      ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
-        hidden_act, remat_policy or kernels, a dtype or param_dtype that is not a floating-point dtype name,
-        or a non-positive size.
-    """
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-    kernels: str = "auto"
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
-                             f"num_attention_heads={self.num_attention_heads}")
-        for name, known in (("hidden_act", _ACTIVATIONS), ("remat_policy", _REMAT_POLICIES)):
-            if getattr(self, name) not in known:
-                raise ValueError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {sorted(known)}")
-        kernels.resolve(self.kernels, "cpu")  # raises on an unknown name
-        for name in ("dtype", "param_dtype"):
-            value = getattr(self, name)
-            try:
-                floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
-            except TypeError:  # an unknown dtype name
-                floating = False
-            if not isinstance(value, str) or not floating:
-                raise ValueError(f"BertConfig.{name}={value!r} is not a floating-point dtype name "
-                                 "(e.g. 'float32', 'bfloat16')")
-
-    @property
-    def head_size(self) -> int:
-        """H = hidden_size // num_attention_heads (exact: checked at construction)."""
-        return self.hidden_size // self.num_attention_heads
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any], **overrides) -> "BertConfig":
-        """Builds a config from a `bert_config.json` / Hugging Face `config.json` mapping.
-
-        Unknown keys (e.g. `architectures`, `model_type`, `pad_token_id`) are ignored; `overrides`
-        replace fields (e.g. `dtype="bfloat16"`).
-
-        Raises:
-          ValueError: a value the constructor rejects (see the class), or a size that `int()` cannot
-            parse (e.g. "x").
-          TypeError: an override that is not a BertConfig field, or a size that `int()` cannot take
-            (e.g. None).
-        """
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in values.items() if k in names}
-        kwargs.update(overrides)
-        return cls(**kwargs)
-
-    @classmethod
-    def from_json_file(cls, path: str, **overrides) -> "BertConfig":
-        """Reads a `bert_config.json` (or Hugging Face `config.json`) file; `overrides` as `from_dict`.
-
-        Raises:
-          FileNotFoundError: no file at `path` (other `OSError`s as `open`).
-          ValueError: the file is not UTF-8 (`UnicodeDecodeError`) or not JSON (`json.JSONDecodeError`);
-            the errors of `from_dict`.
-          TypeError: as `from_dict`.
-          AttributeError: JSON whose top level is not an object.
-        """
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f), **overrides)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The twelve `bert_config.json` fields, as a plain dict."""
-        return {k: getattr(self, k) for k in BERT_CONFIG_FIELDS}
-
-    def replace(self, **changes) -> "BertConfig":
-        """A copy with `changes` applied, validated again (raises as the constructor; TypeError: not a field)."""
-        return dataclasses.replace(self, **changes)
 
 
 @flax.struct.dataclass
@@ -212,21 +100,6 @@ class PreTrainingOutput:
     pooled_output: Array
 
 
-@flax.struct.dataclass
-class SpanOutput:
-    """Outputs of `BertForQuestionAnswering`: start_logits, end_logits, each [B, L] float32."""
-
-    start_logits: Array
-    end_logits: Array
-
-
-@flax.struct.dataclass
-class ClassificationOutput:
-    """Outputs of `BertForSequenceClassification`: logits [B, C] float32."""
-
-    logits: Array
-
-
 def _kernels(config: BertConfig) -> kernels.Kernels:
     return kernels.get(config.kernels)
 
@@ -247,9 +120,11 @@ def _param(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...],
                         jnp.dtype(module.config.param_dtype))
 
 
-def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str | None = None,
-           dot_general=None) -> nn.Dense:
-    """flax Dense, kernel [D_in, features] on logical `axes` (the bias on the second), in config's dtypes."""
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str | None = None,
+          dot_general=None) -> nn.Dense:
+    """A flax Dense layer of the model (also the heads' in `bert_jax.heads`): kernel [D_in, features]
+    initialised as the original (truncated normal, initializer_range) on logical `axes`, the bias [features]
+    on the second, computed in config.dtype, stored in config.param_dtype. dot_general: a kernel set's."""
     return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
                     kernel_init=nn.with_logical_partitioning(_init(config), axes),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
@@ -265,7 +140,9 @@ def _layer_norm(config: BertConfig, name: str) -> nn.Module:
                         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name=name)
 
 
-def _dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> Array:
+def dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> Array:
+    """The kernel set's dropout of `rate` on x (any shape and dtype, kept); identity when deterministic.
+    Inside a module only (it creates a flax submodule); needs the "dropout" PRNG stream otherwise."""
     return _kernels(config).dropout(rate)(x, deterministic=deterministic)
 
 
@@ -297,9 +174,9 @@ class BertEmbeddings(nn.Module):
           deterministic: disables dropout when True.
           position_ids: int32 [B, L] rows of the position table (packed rows: 0.. within each instance);
             None: 0..L-1 (the first L rows of the [S, D] table).
- Nothing is checked here (the
-        ValueError checks are `BertModel`'s): an id >= V (or type >= T) gives a NaN row (`jnp.take`'s
-        default "fill" mode) and a negative one (>= -V) counts from the end of the table.
+
+        Ids are not checked here (`BertModel` checks shapes): an id >= V (or type >= T) gives a NaN row
+        (`jnp.take`'s "fill" mode) and a negative one (>= -V) counts from the end of the table.
 
         Raises:
           TypeError: L > max_position_embeddings, or token_type_ids whose shape does not broadcast to
@@ -371,7 +248,7 @@ class BertSelfAttention(nn.Module):
         else:
             scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
             probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, L, L] float32
-            probs = _dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
+            probs = dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
             context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
         context = nn.with_logical_constraint(context, ("batch", "heads", "length", "kv"))
         context = context.transpose(0, 2, 1, 3).reshape(batch * length, n * h)  # [B*L, N*H]
@@ -384,32 +261,26 @@ class BertSelfAttention(nn.Module):
 class BertLayer(nn.Module):
     """One post-LayerNorm Transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
-    `__call__` returns `(hidden, None)` so that the same module runs under `nn.scan`.
+    `__call__` returns `(hidden, carry_out)` so that the same module runs under `nn.scan`: carry_out is the
+    hidden state again with `return_state` (scan then stacks the layers' outputs), else None.
     """
 
     config: BertConfig
+    return_state: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, None]:
-        """x: [B, L, D]; mask as `BertSelfAttention` -> ([B, L, D], None)."""
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, Array | None]:
+        """x: [B, L, D]; mask as `BertSelfAttention` -> ([B, L, D], [B, L, D] or None)."""
         c = self.config
         attn = BertSelfAttention(c, name="attention")(x, mask, deterministic)
-        x = _layer_norm(c, "attention_LayerNorm")(x + _dropout(c, c.hidden_dropout_prob, attn, deterministic))
+        x = _layer_norm(c, "attention_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, attn, deterministic))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", _kernels(c).dot_general)(x)
+        y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", _kernels(c).dot_general)(x)
         y = nn.with_logical_constraint(_activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
-        y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
-        x = _layer_norm(c, "output_LayerNorm")(x + _dropout(c, c.hidden_dropout_prob, y, deterministic))
-        return nn.with_logical_constraint(x, ("batch", "length", "embed")), None
-
-
-class _LayerWithStates(BertLayer):
-    """`BertLayer` whose second output is its hidden state, so that `nn.scan` stacks the layers' outputs
-    ([num_hidden_layers, B, L, D]); same parameters as `BertLayer`."""
-
-    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, Array]:
-        x, _ = super().__call__(x, mask, deterministic)
-        return x, x
+        y = dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
+        x = _layer_norm(c, "output_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, y, deterministic))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return x, (x if self.return_state else None)
 
 
 class BertEncoder(nn.Module):
@@ -427,7 +298,7 @@ class BertEncoder(nn.Module):
         one stacks them under `nn.scan`). The parameters are the same either way.
         """
         c = self.config
-        layer_cls = _LayerWithStates if output_hidden_states else BertLayer
+        layer_cls = BertLayer
         if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask) is static
             layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                                  static_argnums=(3,))
@@ -435,7 +306,7 @@ class BertEncoder(nn.Module):
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            out, stacked = stack(c, name="layers")(x, mask, deterministic)
+            out, stacked = stack(c, output_hidden_states, name="layers")(x, mask, deterministic)
             if not output_hidden_states:
                 return out
             return out, (x, *(stacked[i] for i in range(c.num_hidden_layers)))
@@ -490,7 +361,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
         if self.add_pooling_layer:
-            self.pooler = _dense(c, c.hidden_size, ("embed", "embed_out"))
+            self.pooler = dense(c, c.hidden_size, ("embed", "embed_out"))
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True,
@@ -567,9 +438,9 @@ class BertForPreTraining(nn.Module):
     def setup(self):
         c = self.config
         self.bert = BertModel(c, name="bert")
-        self.mlm_transform = _dense(c, c.hidden_size, ("embed", "embed_out"))
+        self.mlm_transform = dense(c, c.hidden_size, ("embed", "embed_out"))
         self.mlm_layer_norm = _layer_norm(c, "mlm_LayerNorm")
-        self.nsp = _dense(c, 2, ("embed", "classes"))
+        self.nsp = dense(c, 2, ("embed", "classes"))
         self.mlm_output_bias = _param(self, "mlm_output_bias", nn.initializers.zeros, (c.vocab_size,),
                                       ("vocab",))
 
@@ -615,140 +486,3 @@ class BertForPreTraining(nn.Module):
         return nn.with_logical_constraint(logits, ("batch", "predictions", "vocab"))
 
 
-class BertForQuestionAnswering(nn.Module):
-    """BERT with the SQuAD span head: a [D, 2] projection giving start and end logits per token."""
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-                 attention_mask: Array | None = None, deterministic: bool = True) -> SpanOutput:
-        """int32 [B, L] inputs -> SpanOutput(start_logits, end_logits), each float32 [B, L].
-
-        Arguments as `BertModel.__call__`; the span head of the paper's section 4.2 (SQuAD).
-
-        Raises:
-          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
-            (`BertModel`).
-          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
-        """
-        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
-        logits = _dense(self.config, 2, ("embed", "classes"), "qa_outputs")(out.sequence_output)
-        logits = logits.astype(jnp.float32)  # [B, L, 2]
-        return SpanOutput(start_logits=logits[..., 0], end_logits=logits[..., 1])
-
-
-class BertForSequenceClassification(nn.Module):
-    """BERT with a classifier on the pooled output (dropout -> [D, C] projection), as GLUE in the paper."""
-
-    config: BertConfig
-    num_labels: int = 2
-
-    @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-                 attention_mask: Array | None = None, deterministic: bool = True) -> ClassificationOutput:
-        """int32 [B, L] inputs -> ClassificationOutput(logits float32 [B, C]), C = num_labels.
-
-        Arguments as `BertModel.__call__`; the classifier of the paper's section 4.1 (GLUE).
-
-        Raises:
-          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
-            (`BertModel`).
-          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
-        """
-        out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
-        pooled = _dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
-        logits = _dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
-        return ClassificationOutput(logits=logits.astype(jnp.float32))
-
-
-@flax.struct.dataclass
-class MultipleChoiceOutput:
-    """Outputs of `BertForMultipleChoice`: logits [B, K] float32, one score per choice (softmax over K)."""
-
-    logits: Array
-
-
-@flax.struct.dataclass
-class TokenClassificationOutput:
-    """Outputs of `BertForTokenClassification`: logits [B, L, C] float32, one row of C label scores per token."""
-
-    logits: Array
-
-
-class BertForMultipleChoice(nn.Module):
-    """BERT with a multiple-choice head: each choice is one sequence, scored by a [D, 1] projection of its
-    pooled [CLS] output (dropout first); the K scores of an example are its logits (paper section 4.4,
-    SWAG: "a vector whose dot product with the [CLS] token representation C denotes a score for each
-    choice which is normalized with a softmax layer"). Matches transformers' `BertForMultipleChoice`
-    (`convert.to_hf` writes the head as its `classifier.weight` [1, D] / `classifier.bias` [1]).
-    """
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-                 attention_mask: Array | None = None, deterministic: bool = True) -> MultipleChoiceOutput:
-        """int32 [B, K, L] inputs (K choices of one example, e.g. SWAG's four) -> logits float32 [B, K].
-
-        Args:
-          input_ids: int32 [B, K, L]; a 2-D [B, L] is one choice per example (K = 1, logits [B, 1]: the
-            shape `tasks.finetune.create_state` initialises with).
-          token_type_ids, attention_mask: int32 of input_ids' shape, or None (zeros / ones), as
-            `BertModel.__call__`.
-          deterministic: disables dropout when True.
-
-        The K choices run through the encoder as B * K rows of length L.
-
-        Raises:
-          ValueError: input_ids neither 2-D nor 3-D, token_type_ids or attention_mask of another shape,
-            or L over max_position_embeddings (`BertModel`).
-          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
-        """
-        if input_ids.ndim not in (2, 3):
-            raise ValueError(f"input_ids must be [batch, choices, length], got shape {input_ids.shape}")
-        for name, value in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
-            if value is not None and value.shape != input_ids.shape:
-                raise ValueError(f"{name} shape {value.shape} differs from input_ids shape {input_ids.shape}")
-        rows = input_ids.shape[:-1]  # (B, K), or (B,) for one choice each
-
-        def flat(x):  # [B, K, L] -> [B * K, L]
-            return None if x is None else x.reshape(-1, input_ids.shape[-1])
-
-        out = BertModel(self.config, name="bert")(flat(input_ids), flat(token_type_ids), flat(attention_mask),
-                                                  deterministic)
-        pooled = _dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
-        scores = _dense(self.config, 1, ("embed", "classes"), "choice_classifier")(pooled)  # [B * K, 1]
-        logits = scores.astype(jnp.float32).reshape(rows if input_ids.ndim == 3 else rows + (1,))
-        return MultipleChoiceOutput(logits=logits)
-
-
-class BertForTokenClassification(nn.Module):
-    """BERT with a token classifier: dropout -> [D, C] projection of every token of the sequence output
-    (paper section 5.3, CoNLL-2003 NER: the first sub-token of each word is the one labelled). No pooler.
-    Matches transformers' `BertForTokenClassification` (`convert.to_hf` writes the head as its
-    `classifier.weight` [C, D] / `classifier.bias` [C]).
-    """
-
-    config: BertConfig
-    num_labels: int = 9
-
-    @nn.compact
-    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-                 attention_mask: Array | None = None, deterministic: bool = True) -> TokenClassificationOutput:
-        """int32 [B, L] inputs -> TokenClassificationOutput(logits float32 [B, L, C]), C = num_labels.
-
-        Arguments as `BertModel.__call__`; logits at padding positions are computed like any other and
-        are the caller's to ignore.
-
-        Raises:
-          ValueError: a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes
-            (`BertModel`).
-          flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
-        """
-        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
-        x = _dropout(self.config, self.config.hidden_dropout_prob, out.sequence_output, deterministic)
-        logits = _dense(self.config, self.num_labels, ("embed", "classes"), "token_classifier")(x)
-        return TokenClassificationOutput(logits=logits.astype(jnp.float32))

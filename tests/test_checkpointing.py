@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, modeling, sharding, train
+from bert_jax import checkpointing, heads, modeling, sharding, train
 from bert_jax.tasks import finetune
 from configs import glue as glue_config
 from configs import pretrain
@@ -171,7 +171,7 @@ def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run
     ft = glue_config.get_config("sst2")
     ft.init_checkpoint = str(tmp_path)
     init = finetune.resolve_init(ft)
-    model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+    model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(ft, 10)
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     # The one checkpoint asked for is unreadable: a one-line error, nothing moved.

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import losses, modeling, sharding
+from bert_jax import heads, losses, modeling, sharding
 from bert_jax.tasks import finetune
 from configs import glue as glue_config
 from configs import ner as ner_config
@@ -149,8 +149,8 @@ def test_bucketed_predictions_equal_full_length_in_order(mesh):
     padding = finetune.Padding(BUCKETS)
     config = glue_config.get_config("sst2")
     mask = arrays["attention_mask"] > 0
-    for model in (modeling.BertForSequenceClassification(_config(), num_labels=3),
-                  modeling.BertForTokenClassification(_config(), num_labels=5)):
+    for model in (heads.BertForSequenceClassification(_config(), num_labels=3),
+                  heads.BertForTokenClassification(_config(), num_labels=5)):
         state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, config)
         fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh)
         assert predict_fn._cache_size() == 1
@@ -175,7 +175,7 @@ def test_bucketed_predictions_equal_full_length_in_order(mesh):
 def test_multiple_choice_bucketed_predictions(mesh):
     """SWAG's [N, 4, L] inputs are cut on their last axis: choice logits equal the full-length ones."""
     arrays = _arrays(11, seed=4, lo=2, hi=30, choices=4)  # every batch cut to 32
-    model = modeling.BertForMultipleChoice(_config())
+    model = heads.BertForMultipleChoice(_config())
     state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, swag_config.get_config())
     fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh)
     ours = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh, padding=finetune.Padding((32,)))
@@ -188,7 +188,7 @@ def test_training_same_loss_and_one_program_per_bucket(mesh):
     the bucketed batches train exactly as the fixed ones (same rows, same order: same losses within
     1e-5); with grouping on as well, the step compiled at most one program per bucket."""
     arrays = _arrays(96, seed=5, lo=2, hi=L, skew=True)
-    model = modeling.BertForTokenClassification(_config(), num_labels=3)
+    model = heads.BertForTokenClassification(_config(), num_labels=3)
     config = ner_config.get_config()
 
     def loss_fn(out, batch):

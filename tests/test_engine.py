@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import aot, engine, losses, modeling, sharding, train
+from bert_jax import aot, engine, heads, losses, modeling, sharding, train
 from bert_jax.tasks import finetune
 from configs import glue as glue_config
 from configs import pretrain
@@ -98,7 +98,7 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     denominator) give the one-batch update (no dropout)."""
     bert = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = modeling.BertForSequenceClassification(bert, num_labels=3)
+    model = heads.BertForSequenceClassification(bert, num_labels=3)
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     tx, schedule = engine.create_optimizer(glue_config.get_config("mrpc"), 10)
     ids = jnp.zeros((1, 7), jnp.int32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, convert, losses, modeling, sharding, train
+from bert_jax import checkpointing, convert, heads, losses, modeling, sharding, train
 from bert_jax.tasks import finetune
 from bert_jax.tasks import glue as glue_task
 from bert_jax.tasks import squad as squad_task
@@ -65,7 +65,7 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     config.model.dtype = "bfloat16"
     init = finetune.resolve_init(config)
     assert init.kind == "orbax" and init.config.dtype == "bfloat16" and init.config.num_hidden_layers == 2
-    model = modeling.BertForQuestionAnswering(init.config)
+    model = heads.BertForQuestionAnswering(init.config)
     tx, _ = finetune.create_optimizer(config, 10)
     mesh = sharding.make_mesh(2, 2, 2)
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=3)
@@ -96,7 +96,7 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
         config = glue_config.get_config("sst2")
         config.init_checkpoint = str(path)
         init = finetune.resolve_init(config)
-        model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+        model = heads.BertForSequenceClassification(init.config, num_labels=2)
         tx, _ = finetune.create_optimizer(config, 10)
         state, _ = finetune.create_state(model, tx, sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, seed=0)
         encoders[init.step] = _flat(state.params["bert"])
@@ -115,7 +115,7 @@ def test_hf_encoder_and_fresh_head(minilm_dir):
     config.init_checkpoint = str(minilm_dir)
     init = finetune.resolve_init(config)
     assert init.kind == "hf" and init.config.hidden_size == 384
-    model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+    model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(config, 10)
     state, _ = finetune.create_state(model, tx, sharding.make_mesh(8, 1, 1), init, seed=0)
     _, reference = convert.from_hf(str(minilm_dir))
@@ -211,7 +211,7 @@ def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
                                                is_training=True)
     config = _squad_config(pretrained, vocab, small_squad)
     init = finetune.resolve_init(config)
-    model = modeling.BertForQuestionAnswering(init.config)
+    model = heads.BertForQuestionAnswering(init.config)
     curves = []
     for mesh in (sharding.make_mesh(1, 1, 1, jax.devices()[:1]), sharding.make_mesh(2, 2, 2)):
         tx, schedule = finetune.create_optimizer(config, 3)

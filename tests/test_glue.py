@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, losses, modeling
+from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import glue
 from bert_jax.tasks import glue as glue_task
 from configs import glue as glue_config
@@ -458,7 +458,7 @@ def test_to_hf_regression_head_matches_transformers(tmp_path):
 
     config = modeling.BertConfig(vocab_size=211, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
                                  intermediate_size=96, max_position_embeddings=40)
-    model = modeling.BertForSequenceClassification(config, num_labels=1)
+    model = heads.BertForSequenceClassification(config, num_labels=1)
     ids = np.random.default_rng(0).integers(1, 211, (5, 12)).astype(np.int32)
     types = np.zeros_like(ids)
     types[:, 7:] = 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import convert, modeling
+from bert_jax import convert, heads, modeling
 from configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
@@ -254,12 +254,12 @@ def test_config_accepts_floating_dtype_names():
 
 def test_task_heads_shapes():
     x = _inputs()
-    qa = modeling.BertForQuestionAnswering(TINY)
+    qa = heads.BertForQuestionAnswering(TINY)
     v = qa.init(jax.random.key(0), x["input_ids"])
     out = qa.apply(nn.unbox(v), x["input_ids"], x["token_type_ids"], x["attention_mask"])
     assert out.start_logits.shape == (B, L) and out.end_logits.shape == (B, L)
     assert "pooler" not in v["params"]["bert"]
-    cls = modeling.BertForSequenceClassification(TINY, num_labels=3)
+    cls = heads.BertForSequenceClassification(TINY, num_labels=3)
     v = cls.init(jax.random.key(0), x["input_ids"])
     assert cls.apply(nn.unbox(v), x["input_ids"]).logits.shape == (B, 3)
 
@@ -283,3 +283,11 @@ def test_kernel_sets_compute_the_same_model():
     np.testing.assert_allclose(cpu.nsp_logits, ref.nsp_logits, rtol=1e-5, atol=1e-5)
     assert jax.tree.structure(cpu_grads) == jax.tree.structure(ref_grads)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), cpu_grads, ref_grads)
+
+
+def test_config_names_match_the_model():
+    """Every hidden_act and remat_policy name BertConfig accepts is one the model computes, and no other."""
+    from bert_jax import bert_config
+
+    assert set(modeling._ACTIVATIONS) == set(bert_config.HIDDEN_ACTS)
+    assert set(modeling._REMAT_POLICIES) == set(bert_config.REMAT_POLICIES)

@@ -16,7 +16,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from bert_jax import convert, losses, modeling
+from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import conll
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import ner as ner_task
@@ -129,7 +129,7 @@ def test_token_classification_head_matches_transformers_both_ways(hf_tokens, tmp
     assert params["token_classifier"]["kernel"].shape == (48, 5)
     tree = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
             "token_classifier": params["token_classifier"]}
-    model = modeling.BertForTokenClassification(config, num_labels=5)
+    model = heads.BertForTokenClassification(config, num_labels=5)
     inputs = _token_inputs(1)
     ours = np.asarray(model.apply({"params": tree}, **{k: jnp.asarray(v, jnp.int32) for k, v in inputs.items()}).logits)
     # Labels on "first sub-tokens" (every other real token), -100 (ignored) elsewhere, as transformers' run_ner.

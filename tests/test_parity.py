@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import convert, modeling
+from bert_jax import convert, heads, modeling
 
 SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
@@ -287,7 +287,7 @@ def _run_both(model, params, loaded, inputs):
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, caplog):
     config = modeling.BertConfig(**SMALL, scan_layers=scan_layers)
-    model = modeling.BertForQuestionAnswering(config)
+    model = heads.BertForQuestionAnswering(config)
     params = _task_params(model, seed=4)
     assert "pooler" not in params["bert"]
     convert.to_hf(config, params, str(tmp_path))
@@ -317,7 +317,7 @@ def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, ca
 
 def test_to_hf_sequence_classification_matches_transformers(tmp_path):
     config = modeling.BertConfig(**SMALL)
-    model = modeling.BertForSequenceClassification(config, num_labels=3)
+    model = heads.BertForSequenceClassification(config, num_labels=3)
     params = _task_params(model, seed=6)
     labels = ("contradiction", "entailment", "neutral")
     convert.to_hf(config, params, str(tmp_path), labels=labels)
@@ -343,10 +343,10 @@ def test_to_hf_fine_tuned_real_weights_match_transformers(head, minilm, data_dir
     inputs = dict(tokenizer(first, second, padding=True, return_tensors="np"))
     encoder = dict(pretrained["bert"])
     if head == "qa":
-        model, cls = modeling.BertForQuestionAnswering(config), transformers.BertForQuestionAnswering
+        model, cls = heads.BertForQuestionAnswering(config), transformers.BertForQuestionAnswering
         del encoder["pooler"]
     else:
-        model, cls = modeling.BertForSequenceClassification(config), transformers.BertForSequenceClassification
+        model, cls = heads.BertForSequenceClassification(config), transformers.BertForSequenceClassification
     params = dict(_task_params(model, seed=8, scale=0.05), bert=encoder)
     convert.to_hf(config, params, str(tmp_path))
     loaded = _load_hf(cls, tmp_path)
@@ -362,8 +362,8 @@ def test_to_hf_fine_tuned_real_weights_match_transformers(head, minilm, data_dir
 
 def test_to_hf_bad_fine_tuned_trees_give_one_line_errors(tmp_path):
     config = modeling.BertConfig(**SMALL)
-    qa = _task_params(modeling.BertForQuestionAnswering(config), seed=9)
-    cls = _task_params(modeling.BertForSequenceClassification(config, num_labels=2), seed=9)
+    qa = _task_params(heads.BertForQuestionAnswering(config), seed=9)
+    cls = _task_params(heads.BertForSequenceClassification(config, num_labels=2), seed=9)
     extra = {"kernel": np.zeros((48, 4), np.float32), "bias": np.zeros((4,), np.float32)}
     cases = [
         (dict(qa, span_classifier=extra),

@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import convert, losses, modeling
+from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import swag
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import swag as swag_task
@@ -148,7 +148,7 @@ def test_multiple_choice_head_matches_transformers_both_ways(hf_mc, tmp_path):
     assert any("cls.seq_relationship.weight" in r for r in reports)  # absent pre-training heads: reported
     assert params["choice_classifier"]["kernel"].shape == (48, 1)
     tree = {"bert": params["bert"], "choice_classifier": params["choice_classifier"]}
-    model = modeling.BertForMultipleChoice(config)
+    model = heads.BertForMultipleChoice(config)
     inputs = _choice_inputs(1)
     labels = np.array([2, 0, 3])
     ours = _logits(model, tree, inputs)
@@ -206,7 +206,7 @@ def test_multiple_choice_bad_directories_and_trees_are_one_line(hf_mc, tmp_path)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "never").exists()
     with pytest.raises(ValueError, match=r"input_ids must be \[batch, choices, length\], got shape \(2,\)"):
-        modeling.BertForMultipleChoice(config).init(jax.random.key(0), jnp.zeros((2,), jnp.int32))
+        heads.BertForMultipleChoice(config).init(jax.random.key(0), jnp.zeros((2,), jnp.int32))
 
 
 # ----------------------------------------------------------------------------- reader and features

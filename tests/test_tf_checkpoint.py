@@ -19,7 +19,7 @@ import torch
 import transformers
 from flax import traverse_util
 
-from bert_jax import convert, modeling, sharding
+from bert_jax import convert, heads, modeling, sharding
 from bert_jax.tasks import finetune
 from configs import glue as glue_config
 
@@ -177,7 +177,7 @@ def test_finetuning_starts_from_a_google_directory(google):
     for k, v in _flat(inits[directory].bert_params).items():
         np.testing.assert_array_equal(_flat(inits[directory / "bert_model.ckpt"].bert_params)[k], v, err_msg=k)
 
-    model = modeling.BertForSequenceClassification(init.config, num_labels=2)
+    model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(config, 10)
     state, _ = finetune.create_state(model, tx, sharding.make_mesh(8, 1, 1), init, seed=0)
     ours, theirs = _flat(state.params["bert"]), _flat(params["bert"])

@@ -5,7 +5,7 @@
       --config.do_predict=true
 
 The head is a dropout + [D, num_labels] projection of the pooled [CLS] output
-(`modeling.BertForSequenceClassification`): cross-entropy over the task's labels, or for STS-B one output
+(`heads.BertForSequenceClassification`): cross-entropy over the task's labels, or for STS-B one output
 with the mean squared error (`losses.regression_loss`). Data: the task's GLUE-format files in
 config.data_dir, or TFDS `glue/<task>` with config.use_tfds.
 
@@ -33,7 +33,7 @@ import numpy as np
 from scipy import stats
 from sklearn import metrics as skm
 
-from bert_jax import engine, losses, modeling, storage, summaries
+from bert_jax import engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import glue
 from bert_jax.tasks import finetune
 
@@ -180,7 +180,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
              if config.do_predict else [])  # read before training: a bad file fails first
     if config.do_predict and spec.name == "mnli" and config.get("predict_diagnostic", True):
         tests.append((glue.AX.test_sets[0], _diagnostic_examples(config)))  # AX.tsv, MNLI's labels
-    model = modeling.BertForSequenceClassification(init.config, num_labels=spec.num_labels)
+    model = heads.BertForSequenceClassification(init.config, num_labels=spec.num_labels)
     mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     tx, schedule = finetune.create_optimizer(config, num_train_steps)

@@ -3,7 +3,7 @@
   python -m bert_jax.tasks.ner --config configs/ner.py \\
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/conll2003 --workdir /tmp/ner
 
-`modeling.BertForTokenClassification` (dropout -> [D, C] on every token) is trained with cross-entropy
+`heads.BertForTokenClassification` (dropout -> [D, C] on every token) is trained with cross-entropy
 at the first sub-token of each word (`losses.token_classification_loss`); a word's prediction is the
 argmax at its first sub-token (`bert_jax.data.conll`: features, splitting of long sentences). Labels
 are the IOB tags of the training file, IOB1 or IOB2 as found.
@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 from seqeval import metrics as seqeval_metrics
 
-from bert_jax import engine, losses, modeling, storage, summaries
+from bert_jax import engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import conll
 from bert_jax.tasks import finetune
 
@@ -111,7 +111,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return conll.convert_to_features(sentences, tokenizer, labels, config.max_seq_length)
 
     train = features(train_sentences)
-    model = modeling.BertForTokenClassification(init.config, num_labels=len(labels))
+    model = heads.BertForTokenClassification(init.config, num_labels=len(labels))
     mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     tx, schedule = finetune.create_optimizer(config, num_train_steps)

@@ -29,7 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import engine, losses, modeling, storage, summaries
+from bert_jax import engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import squad
 from bert_jax.tasks import finetune, squad_eval
 
@@ -163,7 +163,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     eval_examples = _read(config.predict_file, is_training=False, what="config.predict_file",
                           limit=config.max_predict_examples) if config.predict_file else []
     mesh = engine.make_mesh(config.mesh)
-    model = modeling.BertForQuestionAnswering(init.config)
+    model = heads.BertForQuestionAnswering(init.config)
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)

@@ -4,7 +4,7 @@
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/swagaf/data --workdir /tmp/swag
 
 Each example becomes four sequences `[CLS] sent1 [SEP] sent2 ending_i [SEP]` (`bert_jax.data.swag`);
-`modeling.BertForMultipleChoice` scores each with a [D, 1] projection of its pooled [CLS] output, the
+`heads.BertForMultipleChoice` scores each with a [D, 1] projection of its pooled [CLS] output, the
 four scores are softmaxed and trained with cross-entropy (`losses.classification_loss` over the
 choices), as the paper and transformers' BertForMultipleChoice.
 
@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import engine, losses, modeling, storage, summaries
+from bert_jax import engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import swag
 from bert_jax.tasks import finetune
 
@@ -81,7 +81,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     dev = features(dev_examples)
     test_examples = _examples(config, config.test_file, labelled=False) if config.do_predict else []
 
-    model = modeling.BertForMultipleChoice(init.config)
+    model = heads.BertForMultipleChoice(init.config)
     mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     tx, schedule = finetune.create_optimizer(config, num_train_steps)

@@ -1,0 +1,136 @@
+"""BERT's hyper-parameters: `BertConfig`, the fields of the original's `bert_config.json`.
+
+The twelve architecture fields are google-research/bert's `BertConfig` (and Hugging Face's, which reads
+the same JSON); the rest choose how `bert_jax.modeling` computes the same model (dtypes, scanned layers,
+rematerialisation, the kernel set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from bert_jax import kernels
+
+# hidden_act values: exact erf GELU ("gelu", the original's first release and transformers'), the tanh
+# approximation under transformers' two names, and ReLU.
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+# remat_policy values (`jax.checkpoint_policies`: none, nothing_saveable, checkpoint_dots,
+# dots_with_no_batch_dims_saveable).
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# bert_config.json fields, in the original's order.
+BERT_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                      "type_vocab_size", "initializer_range", "layer_norm_eps")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Model hyper-parameters, named as in the original `bert_config.json`.
+
+    The first twelve fields are those of `bert_config.json` (google-research/bert) and of Hugging Face's
+    `BertConfig`; defaults are BERT-Base. The rest choose how the same model is computed:
+
+    Attributes:
+      dtype: compute dtype name for matmuls and activations, "float32" or "bfloat16".
+      param_dtype: storage dtype name of the parameters (float32 by default).
+      scan_layers: stack the layers under `nn.scan` (parameters get a leading `layers` axis of length
+        num_hidden_layers); compiles 24 layers as fast as one.
+      remat_policy: activation rematerialisation of each layer: "none", "full", "dots" or
+        "dots_no_batch" (a `jax.checkpoint_policies` policy).
+      kernels: "auto", "reference", "xla_cpu" or "tpu", the `bert_jax.kernels` set (auto: xla_cpu when the
+        default backend is the CPU; programs compiled ahead of time resolve it for their target).
+
+    Raises:
+      ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
+        hidden_act, remat_policy or kernels, a dtype or param_dtype that is not a floating-point dtype name,
+        or a non-positive size.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+    kernels: str = "auto"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads}")
+        for name, known in (("hidden_act", HIDDEN_ACTS), ("remat_policy", REMAT_POLICIES)):
+            if getattr(self, name) not in known:
+                raise ValueError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {sorted(known)}")
+        kernels.resolve(self.kernels, "cpu")  # raises on an unknown name
+        for name in ("dtype", "param_dtype"):
+            value = getattr(self, name)
+            try:
+                floating = jnp.issubdtype(jnp.dtype(value), jnp.floating)
+            except TypeError:  # an unknown dtype name
+                floating = False
+            if not isinstance(value, str) or not floating:
+                raise ValueError(f"BertConfig.{name}={value!r} is not a floating-point dtype name "
+                                 "(e.g. 'float32', 'bfloat16')")
+
+    @property
+    def head_size(self) -> int:
+        """H = hidden_size // num_attention_heads (exact: checked at construction)."""
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], **overrides) -> "BertConfig":
+        """Builds a config from a `bert_config.json` / Hugging Face `config.json` mapping.
+
+        Unknown keys (e.g. `architectures`, `model_type`, `pad_token_id`) are ignored; `overrides`
+        replace fields (e.g. `dtype="bfloat16"`).
+
+        Raises:
+          ValueError: a value the constructor rejects (see the class), or a size that `int()` cannot
+            parse (e.g. "x").
+          TypeError: an override that is not a BertConfig field, or a size that `int()` cannot take
+            (e.g. None).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in values.items() if k in names}
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str, **overrides) -> "BertConfig":
+        """Reads a `bert_config.json` (or Hugging Face `config.json`) file; `overrides` as `from_dict`.
+
+        Raises:
+          FileNotFoundError: no file at `path` (other `OSError`s as `open`).
+          ValueError: the file is not UTF-8 (`UnicodeDecodeError`) or not JSON (`json.JSONDecodeError`);
+            the errors of `from_dict`.
+          TypeError: as `from_dict`.
+          AttributeError: JSON whose top level is not an object.
+        """
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The twelve `bert_config.json` fields, as a plain dict."""
+        return {k: getattr(self, k) for k in BERT_CONFIG_FIELDS}
+
+    def replace(self, **changes) -> "BertConfig":
+        """A copy with `changes` applied, validated again (raises as the constructor; TypeError: not a field)."""
+        return dataclasses.replace(self, **changes)
