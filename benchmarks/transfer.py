@@ -7,7 +7,8 @@ from random initialisation with identical recipes, vocabularies and architecture
 Stages (bert_jax.experiment):
   1. corpus: `--sources` (default Gutenberg, WikiText-2, and the unlabelled training text of SQuAD,
      SST-2 and MRPC: in-domain text; dev text never), original format;
-  2. a WordPiece vocabulary of `--vocab_size` on it, instances for both phases of the recipe;
+  2. a WordPiece vocabulary of `--vocab_size` on it (or `--vocab_file`), instances for both phases of the
+     recipe (`--dynamic`: the corpus tokenized once, instances drawn while training);
   3. pre-training with `configs/pretrain.py:<recipe>` (both phases, one CPU device), checkpoints at the
      curve points; wall time, steps and tokens (non-padding) recorded;
   4. the transfer-versus-step curve: `--curve_probe` fine-tuned from each checkpoint (seed 0) beside
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import sys
 import time
 
@@ -146,7 +148,13 @@ def main():
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--recipe", default="transfer", help="configs/pretrain.py config name")
     parser.add_argument("--sources", default=DEFAULT_SOURCES)
-    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--vocab_size", type=int, default=8000, help="WordPieces trained on the corpus")
+    parser.add_argument("--vocab_file", default="",
+                        help="use this vocabulary instead of training one, e.g. Google's bert-base-uncased-vocab.txt "
+                             "(the shared data's vocab/)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="tokenized documents, instances and masks drawn while training (a fresh draw each "
+                             "epoch) instead of --dupe_factor static copies")
     parser.add_argument("--dupe_factor", type=int, default=5)
     parser.add_argument("--total_steps", type=int, default=0, help="override the recipe's total_steps")
     parser.add_argument("--curve_points", type=int, default=6, help="checkpoints along the run for the curve")
@@ -175,21 +183,24 @@ def main():
                             lambda: experiment.write_corpus(experiment.shared_sources(sources, str(DATA)), corpus_file))
     print(f"corpus: {corpus_counts}", flush=True)
     if not os.path.isfile(vocab_file):
-        train_vocab([corpus_file], args.vocab_size, vocab_file)
+        if args.vocab_file:
+            shutil.copyfile(args.vocab_file, vocab_file)
+        else:
+            train_vocab([corpus_file], args.vocab_size, vocab_file)
     config = pretrain.get_config(args.recipe)
     config.model.vocab_size = Tokenizer(vocab_file).vocab_size
     if args.total_steps:
         config.total_steps = args.total_steps
     set_fields(config, args.set)
     for p in config.phases:
-        p.data_dir = os.path.join(workdir, f"instances-{p.max_seq_length}")
+        p.data_dir = os.path.join(workdir, "documents" if args.dynamic else f"instances-{p.max_seq_length}")
     config.mesh.data = 1
     curve_steps = sorted({round(config.total_steps * (k + 1) / args.curve_points) for k in range(args.curve_points)})
     config.checkpoint_every = curve_steps[0]
     config.keep_checkpoints = len(curve_steps) + len(config.phases) + 1
     _cached(os.path.join(workdir, "instances.json"),
             lambda: experiment.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=args.dupe_factor,
-                                                        num_workers=2))
+                                                        num_workers=2, dynamic=args.dynamic))
     run_dir = os.path.join(workdir, "pretrain")
 
     def pretrain_run():
@@ -200,7 +211,8 @@ def main():
     budget = _cached(os.path.join(workdir, "pretrain.json"), pretrain_run)
     print(f"pre-training: {budget}", flush=True)
     records = summaries.read_metrics(run_dir)
-    results = {"recipe": args.recipe, "sources": corpus_counts, "budget": budget,
+    results = {"recipe": args.recipe, "vocab": args.vocab_file or f"trained, {args.vocab_size}",
+               "dynamic": args.dynamic, "sources": corpus_counts, "budget": budget,
                "config": json.loads(config.to_json())}
     finetune_dir = os.path.join(workdir, "finetune")
     os.makedirs(finetune_dir, exist_ok=True)

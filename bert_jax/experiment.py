@@ -5,7 +5,8 @@ pre-training). `make demo` (`bert_jax.demo`) and `benchmarks/transfer.py` are bu
   corpus   `write_corpus(shared_sources(["gutenberg", "wikitext", "squad", "sst2"], data_dir), path)`: real corpora
            and the unlabelled text of task *training* files (in-domain text, as task-adaptive
            pre-training; never dev text), in the original one-sentence-per-line format;
-  data     `prepare_pretraining_data(config, corpus_file, vocab_file)`: instances for every phase;
+  data     `prepare_pretraining_data(config, corpus_file, vocab_file)`: instances (or tokenized documents)
+           for every phase;
   probes   `PROBES`: fine-tuning recipes (task, data, length, epochs, learning rate) that are run
            unchanged from a pre-trained encoder and from random init;
   compare  `finetune(probe, ...)` per init and seed, `summarize` -> mean, sd, and the gain in pooled
@@ -113,22 +114,34 @@ def write_corpus(sources: Sequence[tuple[str, str, Sequence[str]]], path: str) -
 
 
 def prepare_pretraining_data(config: ml_collections.ConfigDict, corpus_file: str, vocab_file: str, *,
-                             dupe_factor: int, num_workers: int = 1, num_shards: int = 2) -> list[dict]:
-    """Pre-training instances for every phase of `config` into its `phases[i].data_dir` (the original
-    procedure, `bert_jax.data.pretraining.create_pretraining_data`; seed 12345 + phase index) -> the
-    metadata of each phase.
+                             dupe_factor: int, num_workers: int = 1, num_shards: int = 2,
+                             dynamic: bool = False) -> list[dict]:
+    """Pre-training data for every phase of `config` in its `phases[i].data_dir` -> the metadata of each phase.
+
+    Static (default): instances by the original procedure (`bert_jax.data.pretraining.create_pretraining_data`;
+    `dupe_factor` masked copies, seed 12345 + phase index). dynamic: the corpus tokenized once
+    (`bert_jax.data.dynamic.tokenize_documents`) into each distinct data_dir (phases may share one), instances
+    and masks drawn while training with the phase's length (dupe_factor unused).
 
     Raises:
-      ValueError: a phase with fewer instances than its batch (names the corpus and the length).
+      ValueError: a phase with fewer static instances than its batch (names the corpus and the length).
     """
     from bert_jax.data import corpus, pretraining, tokenization
+    from bert_jax.data import dynamic as dynamic_data
 
     tokenizer = tokenization.Tokenizer(vocab_file)
-    metas = []
+    metas, written = [], {}
     for i, p in enumerate(config.phases):
         read_stats = corpus.ReadStats()
+        documents = corpus.read_sentence_documents([corpus_file], read_stats)
+        if dynamic:
+            if p.data_dir not in written:
+                written[p.data_dir] = dynamic_data.tokenize_documents(documents, tokenizer, p.data_dir,
+                                                                      read_stats=read_stats)
+            metas.append(written[p.data_dir])
+            continue
         meta = pretraining.create_pretraining_data(
-            corpus.read_sentence_documents([corpus_file], read_stats), tokenizer, p.data_dir,
+            documents, tokenizer, p.data_dir,
             options=pretraining.InstanceOptions(max_seq_length=p.max_seq_length,
                                                 max_predictions_per_seq=p.max_predictions_per_seq),
             dupe_factor=dupe_factor, num_shards=num_shards, num_workers=num_workers, random_seed=12345 + i,

@@ -177,3 +177,23 @@ def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, d
     np.testing.assert_allclose(np.asarray(ours.sequence_output), theirs.last_hidden_state.numpy(), atol=1e-5)
     initial = train.initial_mlm_bias(config)
     assert abs(float(np.corrcoef(peer.cls.predictions.bias.detach().numpy(), initial)[0, 1])) > 0.9
+
+
+def test_prepare_dynamic_data_tokenizes_once_for_both_phases(data_dir, tmp_path):
+    """dynamic=True writes tokenized documents once into a data_dir the phases share, holding every
+    document of the corpus, and each phase's iterator draws its own length from it."""
+    path = str(tmp_path / "corpus.txt")
+    counts = experiment.write_corpus(experiment.shared_sources(["mrpc"], str(data_dir)), path)
+    config = pretrain.get_config("tiny")
+    for p in config.phases:
+        p.data_dir = str(tmp_path / "documents")
+    metas = experiment.prepare_pretraining_data(config, path, str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+                                                dupe_factor=1, dynamic=True)
+    assert metas[0] is metas[1] and metas[0]["kind"] == "documents"
+    assert (metas[0]["num_documents"], metas[0]["num_sentences"]) == (counts["mrpc"]["documents"],
+                                                                     counts["mrpc"]["sentences"])
+    for phase in train.resolve_phases(config):
+        it = train.iterator(phase, config, None)
+        batch = next(iter(it))
+        it.close()
+        assert batch["input_ids"].shape == (phase.batch_size, phase.max_seq_length)
