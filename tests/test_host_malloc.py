@@ -60,9 +60,10 @@ def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
     default, tuned = _faults_per_call(base), _faults_per_call(host_malloc.tuned_environ(base))
     print(f"minor faults per call: glibc defaults {default:.0f}, tuned {tuned:.0f} ({PAGES_64MIB} pages in 64 MiB)")
     assert default > 0.9 * PAGES_64MIB  # the buffer is mapped afresh and faulted in on every call
-    # ... and reused from call to call: fewer faults than the buffer has 2 MiB huge pages (32), so it is
-    # not faulted in again even as huge pages (hugetlb=1 alone gives about 250 here, no arena_max 195).
-    assert tuned < 64 * 2**20 // 2**21
+    # ... and reused from call to call: under 1% of its pages. Alone the tuned median is 0; inside the full
+    # suite it was once 63 (faults elsewhere in the process, the machine's memory state), so the bound is
+    # not the buffer's 32 huge pages: that difference is not stable enough to test.
+    assert tuned < PAGES_64MIB / 100
 
 
 def test_local_cpu_launcher_exports_the_tunables(tmp_path):
