@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from bert_jax import kernels
 
-# hidden_act values: exact erf GELU ("gelu", the original's first release and transformers'), the tanh
-# approximation under transformers' two names, and ReLU.
-HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-# remat_policy values (`jax.checkpoint_policies`: none, nothing_saveable, checkpoint_dots,
-# dots_with_no_batch_dims_saveable).
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# hidden_act -> the function `bert_jax.modeling` applies: exact erf GELU ("gelu", the original's first
+# release and transformers'; None: the kernel set's), the tanh approximation under transformers' two
+# names, and ReLU.
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
+    "gelu": None,
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+# remat_policy -> the `jax.checkpoint_policies` policy of each layer (None: no rematerialisation).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 # bert_config.json fields, in the original's order.
 BERT_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                       "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -76,7 +87,7 @@ class BertConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                              f"num_attention_heads={self.num_attention_heads}")
-        for name, known in (("hidden_act", HIDDEN_ACTS), ("remat_policy", REMAT_POLICIES)):
+        for name, known in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES)):
             if getattr(self, name) not in known:
                 raise ValueError(f"BertConfig.{name}={getattr(self, name)!r} is not one of {sorted(known)}")
         kernels.resolve(self.kernels, "cpu")  # raises on an unknown name

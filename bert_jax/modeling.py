@@ -46,23 +46,10 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import kernels
-from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig  # noqa: F401 (the model's config, re-exported)
+# BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
+from bert_jax.bert_config import ACTIVATIONS, BERT_CONFIG_FIELDS, REMAT_POLICIES, BertConfig  # noqa: F401
 
 Array = jax.Array
-
-_ACTIVATIONS: dict[str, Callable[[Array], Array] | None] = {
-    "gelu": None,  # exact erf GELU (the original's first release; transformers): the kernel set's
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu,
-}
-
-_REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 
 @flax.struct.dataclass
@@ -105,7 +92,7 @@ def _kernels(config: BertConfig) -> kernels.Kernels:
 
 
 def _activation(config: BertConfig) -> Callable[[Array], Array]:
-    return _ACTIVATIONS[config.hidden_act] or _kernels(config).gelu
+    return ACTIVATIONS[config.hidden_act] or _kernels(config).gelu
 
 
 def _init(config: BertConfig) -> Callable:
@@ -300,7 +287,7 @@ class BertEncoder(nn.Module):
         c = self.config
         layer_cls = BertLayer
         if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask) is static
-            layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
+            layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                                  static_argnums=(3,))
         if c.scan_layers:
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
