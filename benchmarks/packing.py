@@ -36,7 +36,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bert_jax import experiment, sharding, train  # noqa: E402
-from bert_jax.data import corpus, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
+from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
 from configs import pretrain  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
@@ -61,7 +61,7 @@ def documents(workdir: pathlib.Path, name: str) -> str:
     if not (out / pretraining.METADATA_NAME).is_file():
         _, reader, files = experiment.shared_sources([name], str(DATA))[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
-        dynamic.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
+        document_shards.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
     return str(out)
 
 

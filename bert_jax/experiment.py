@@ -120,14 +120,13 @@ def prepare_pretraining_data(config: ml_collections.ConfigDict, corpus_file: str
 
     Static (default): instances by the original procedure (`bert_jax.data.pretraining.create_pretraining_data`;
     `dupe_factor` masked copies, seed 12345 + phase index). dynamic: the corpus tokenized once
-    (`bert_jax.data.dynamic.tokenize_documents`) into each distinct data_dir (phases may share one), instances
+    (`bert_jax.data.document_shards.tokenize_documents`) into each distinct data_dir (phases may share one), instances
     and masks drawn while training with the phase's length (dupe_factor unused).
 
     Raises:
       ValueError: a phase with fewer static instances than its batch (names the corpus and the length).
     """
-    from bert_jax.data import corpus, pretraining, tokenization
-    from bert_jax.data import dynamic as dynamic_data
+    from bert_jax.data import corpus, document_shards, pretraining, tokenization
 
     tokenizer = tokenization.Tokenizer(vocab_file)
     metas, written = [], {}
@@ -136,7 +135,7 @@ def prepare_pretraining_data(config: ml_collections.ConfigDict, corpus_file: str
         documents = corpus.read_sentence_documents([corpus_file], read_stats)
         if dynamic:
             if p.data_dir not in written:
-                written[p.data_dir] = dynamic_data.tokenize_documents(documents, tokenizer, p.data_dir,
+                written[p.data_dir] = document_shards.tokenize_documents(documents, tokenizer, p.data_dir,
                                                                       read_stats=read_stats)
             metas.append(written[p.data_dir])
             continue

@@ -102,7 +102,7 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
     """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
-    from bert_jax.data import dynamic
+    from bert_jax.data import document_shards
 
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
@@ -129,7 +129,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                         p.max_predictions_per_seq)
     if need_data and config.eval_data_dir:
         meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
-        if dynamic.is_documents(meta):
+        if document_shards.is_documents(meta):
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds tokenized documents; evaluation "
                              "needs fixed instances (create_pretraining_data without --tokenize_only)")
         length = meta["flags"]["max_seq_length"]
@@ -149,7 +149,7 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     length and predictions (when given) and its vocabulary size, and its shards present and complete (so
     that phase 2's or the eval's data fail at the start, not at their first use). One-line
     FileNotFoundError / ValueError."""
-    from bert_jax.data import dynamic, pipeline
+    from bert_jax.data import document_shards, pipeline
 
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
@@ -159,10 +159,8 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     if meta.get("vocab_size", 0) > config.model.vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
                          f"config.model.vocab_size={config.model.vocab_size}")
-    if dynamic.is_documents(meta):  # tokenized documents: instances are drawn at any length
-        for name in dynamic.FILES:
-            if not storage.is_file(storage.join(data_dir, name)):
-                raise FileNotFoundError(f"{field}={data_dir!r}: {name} is missing (tokenized documents incomplete)")
+    if document_shards.is_documents(meta):  # tokenized documents: instances are drawn at any length
+        document_shards.check(data_dir, meta)
         return meta
     flags = meta["flags"]
     if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (

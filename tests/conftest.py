@@ -59,12 +59,13 @@ def instances(data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def documents(data_dir, tmp_path_factory):
-    """The original's sample text as tokenized documents (`bert_jax.data.dynamic`), for dynamic instances."""
-    from bert_jax.data import corpus, dynamic, tokenization
+    """The original's sample text as tokenized documents (`bert_jax.data.document_shards`, 2 shards), for
+    dynamic instances."""
+    from bert_jax.data import corpus, document_shards, tokenization
 
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     out = tmp_path_factory.mktemp("documents") / "sample"
-    dynamic.tokenize_documents(
+    document_shards.tokenize_documents(
         corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
-        tok, str(out))
+        tok, str(out), num_shards=2)
     return out

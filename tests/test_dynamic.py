@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, dynamic, pipeline, pretraining, tokenization
+from bert_jax.data import corpus, document_shards, dynamic, pipeline, pretraining, tokenization
 from conftest import ROOT
 
 
@@ -18,7 +18,7 @@ def gutenberg(data_dir, tmp_path_factory):
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.data.create_pretraining_data", "--tokenize_only",
          f"--input_file={data_dir / 'corpus' / 'gutenberg-sentences.txt'}", f"--output_dir={out}",
-         f"--vocab_file={data_dir / 'vocab' / 'bert-base-uncased-vocab.txt'}"],
+         f"--vocab_file={data_dir / 'vocab' / 'bert-base-uncased-vocab.txt'}", "--num_shards=3", "--num_workers=2"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return out
@@ -32,18 +32,60 @@ def _iterator(path, **kw):
 
 
 def test_tokenized_documents_metadata(gutenberg, data_dir):
+    """The command's shards (3, tokenized by 2 processes) hold the corpus's documents in order, each sentence
+    tokenized as the tokenizer does alone; the counts and the token histogram add up."""
     meta = json.loads((gutenberg / "metadata.json").read_text())
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     assert meta["kind"] == "documents" and meta["vocab_sha256"] == tok.vocab_sha256
-    store = pretraining.TokenStore.load(str(gutenberg))
-    assert meta["num_documents"] == store.num_documents and meta["num_tokens"] == len(store.tokens)
-    # the corpus's blank-line-separated documents, each sentence tokenized as the tokenizer does
+    assert meta["shards"] == document_shards.shard_names(3) and sum(meta["shard_documents"]) == meta["num_documents"]
     docs = list(corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")],
                                                corpus.ReadStats()))
-    assert store.num_documents == len(docs)
-    first = docs[0][0]
-    s0, s1 = store.sentence_starts[0], store.sentence_starts[1]
-    assert list(store.tokens[s0:s1]) == tok.convert_tokens_to_ids(tok.tokenize(first))
+    store = document_shards.Documents(str(gutenberg))
+    assert len(store) == len(docs) == meta["num_documents"]
+    counts = np.zeros(tok.vocab_size, np.int64)
+    for d in range(len(store)):
+        tokens, starts = store[d]
+        counts += np.bincount(tokens, minlength=tok.vocab_size)
+        for s in (0, len(starts) - 2):  # first and last sentence of every document
+            sentence = docs[d][s] if s == 0 else [x for x in docs[d] if tok.tokenize(x)][-1]
+            assert list(tokens[starts[s]:starts[s + 1]]) == tok.convert_tokens_to_ids(tok.tokenize(sentence))
+    np.testing.assert_array_equal(counts, store.token_counts())
+    assert meta["num_tokens"] == counts.sum()
+
+
+def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_dir, tmp_path):
+    """Tokenizing in one process into one shard gives the documents (and so the dynamic batches) of the
+    session fixture's two shards; a truncated or corrupt shard, a missing one, or a document count that
+    disagrees with metadata.json is a one-line error naming the shard."""
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    one = tmp_path / "one"
+    document_shards.tokenize_documents(corpus.read_sentence_documents(
+        [str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()), tok, str(one), num_shards=1)
+    a, b = document_shards.Documents(str(one)), document_shards.Documents(str(documents))
+    assert len(a) == len(b) > 2
+    for d in range(len(a)):
+        for x, y in zip(a[d], b[d], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for x, y in zip(itertools.islice(_iterator(one, global_batch_size=8), 3),
+                    itertools.islice(_iterator(documents, global_batch_size=8), 3)):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    meta = json.loads((one / "metadata.json").read_text())
+    shard = one / meta["shards"][0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"documents-00000-of-00001.array_record: not a readable ArrayRecord file"):
+        document_shards.check(str(one), meta)
+    shard.write_bytes(data)
+    with pytest.raises(ValueError, match=r"holds \d+ documents, metadata.json records 1000"):
+        document_shards.check(str(one), dict(meta, shard_documents=[1000]))
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match="shard listed in metadata.json is missing"):
+        document_shards.check(str(one), meta)
+    with pytest.raises(ValueError, match="format_version 1"):
+        document_shards.check(str(one), dict(meta, format_version=1))
+    with pytest.raises(ValueError, match="is malformed"):
+        document_shards.decode_document(np.array([3, 1, 1], "<i4").tobytes())
 
 
 def test_dynamic_instances_statistics_in_the_originals_bands(gutenberg):
@@ -118,8 +160,8 @@ def test_grain_workers_give_the_same_batches_and_resume(source, documents, insta
 def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     with pytest.raises(ValueError, match="no document with a non-empty sentence"):
-        dynamic.tokenize_documents([[], ["", "  "]], tok, str(tmp_path / "empty"))
-    dynamic.tokenize_documents([["One lonely sentence.", "And another."]], tok, str(tmp_path / "one"))
+        document_shards.tokenize_documents([[], ["", "  "]], tok, str(tmp_path / "empty"))
+    document_shards.tokenize_documents([["One lonely sentence.", "And another."]], tok, str(tmp_path / "one"))
     with pytest.raises(ValueError, match="1 document"):
         next(_iterator(tmp_path / "one"))
     with pytest.raises(ValueError, match="give max_seq_length and max_predictions_per_seq"):
@@ -144,8 +186,9 @@ def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances)
 
 def test_log_prior_of_documents_is_the_tokens_unigram(documents):
     """`config.mlm_bias_init="log_prior"` on tokenized documents: the centred, add-one smoothed log unigram
-    distribution of every token of the store, computed here by hand."""
-    tokens = np.load(documents / "tokens.npy")
+    distribution of every token of the documents, computed here by hand from the decoded documents."""
+    store = document_shards.Documents(str(documents))
+    tokens = np.concatenate([store[d][0] for d in range(len(store))])
     counts = np.bincount(tokens, minlength=30522).astype(np.float64) + 1.0
     want = np.log(counts / counts.sum())
     np.testing.assert_allclose(pretraining.masked_token_log_prior(str(documents), 30522), want - want.mean(),

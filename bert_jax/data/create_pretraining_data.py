@@ -3,8 +3,9 @@
   python -m bert_jax.data.create_pretraining_data --input_file=corpus/*.txt --output_dir=out \\
       --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=5
 
---tokenize_only writes tokenized documents instead (`bert_jax.data.dynamic`: the corpus tokenized once;
-instances and masks are drawn while training, a fresh draw each epoch): the instance flags are then
+--tokenize_only writes tokenized documents instead (`bert_jax.data.document_shards`: the corpus tokenized
+once into --num_shards ArrayRecord shards by --num_workers processes; `bert_jax.data.dynamic` draws
+instances and masks from them while training, a fresh draw each epoch): the instance flags are then
 unused, and a phase's data_dir may point at the output.
 
 Input formats: `sentences` (the original: one sentence per line, blank line between documents),
@@ -16,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from bert_jax.data import corpus, dynamic, pretraining, tokenization
+from bert_jax.data import corpus, document_shards, pretraining, tokenization
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
@@ -66,8 +67,9 @@ def main(argv):
             documents = read(files, stats)
         source = {"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name, "input_format": FLAGS.input_format}
         if FLAGS.tokenize_only:
-            metadata = dynamic.tokenize_documents(documents, tokenizer, FLAGS.output_dir, read_stats=stats,
-                                                  extra_metadata=source)
+            metadata = document_shards.tokenize_documents(
+                documents, tokenizer, FLAGS.output_dir, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
+                read_stats=stats, extra_metadata=source)
             print(f"wrote {metadata['num_documents']} documents, {metadata['num_tokens']} tokens to "
                   f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
             return 0

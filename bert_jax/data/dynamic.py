@@ -5,11 +5,9 @@ this one (as NVIDIA's LDDL and paxml do) tokenizes the corpus once and draws ins
 original's procedure (`pretraining.instances_from_document`: sentence pairs, 50% random next,
 short_seq_prob, 15% masking 80/10/10, whole-word option) while training, a fresh draw every epoch.
 
-Tokenized documents (`tokenize_documents`; `python -m bert_jax.data.create_pretraining_data
---tokenize_only`): a directory holding the token store (`pretraining.TokenStore`: tokens.npy,
-sentence_starts.npy, document_starts.npy, memory-mapped when read), the vocabulary (vocab.txt) and
-metadata.json ({"kind": "documents", counts, vocab sha256, do_lower_case}); written under temporary
-names, metadata last.
+The documents are tokenized once into sharded ArrayRecord files (`bert_jax.data.document_shards`;
+`python -m bert_jax.data.create_pretraining_data --tokenize_only`), read by random access: a document and
+the random other documents its NotNext segments come from.
 
 The instance stream (`instance_stream`, grain):
   MapDataset.range(D) documents -> shuffle (a new permutation per epoch) -> repeat(num_epochs)
@@ -27,66 +25,14 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import time
-from typing import Iterable
 
 import grain
 import numpy as np
 
-from bert_jax import storage
-from bert_jax.data import pipeline, pretraining, tokenization
+from bert_jax.data import document_shards, pipeline, pretraining, tokenization
 
-KIND = "documents"
-# The files of a tokenized-documents directory besides metadata.json.
-FILES = ("tokens.npy", "sentence_starts.npy", "document_starts.npy", "vocab.txt")
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
 DEFAULT_SHUFFLE_WINDOW = 16384
-
-
-def tokenize_documents(documents: Iterable[list[str]], tokenizer: tokenization.Tokenizer, output_dir: str, *,
-                       read_stats=None, extra_metadata: dict | None = None) -> dict:
-    """Tokenizes `documents` once into `output_dir` (module docstring) -> the metadata written.
-
-    Args:
-      documents: iterable of documents, each a list of sentence strings (`bert_jax.data.corpus` readers).
-      tokenizer: the `Tokenizer`; its vocabulary file is copied into output_dir.
-      output_dir: created if missing.
-
-    Raises:
-      ValueError: no document has a sentence with a token (`pretraining.build_token_store`).
-    """
-    start = time.time()
-    os.makedirs(output_dir, exist_ok=True)
-    work = os.path.join(output_dir, f".work-{os.getpid()}")
-    os.makedirs(work, exist_ok=True)
-    try:
-        store, dropped = pretraining.build_token_store(documents, tokenizer, work)
-        metadata = {
-            "kind": KIND,
-            "num_documents": store.num_documents,
-            "num_sentences": int(len(store.sentence_starts) - 1),
-            "num_tokens": int(len(store.tokens)),
-            "skipped": {"invalid_utf8_lines": getattr(read_stats, "invalid_utf8_lines", 0), "empty_sentences": dropped},
-            "vocab_size": tokenizer.vocab_size,
-            "vocab_sha256": tokenizer.vocab_sha256,
-            "do_lower_case": tokenizer.do_lower_case,
-            **(extra_metadata or {}),
-        }
-        del store  # the memory maps, before the files move
-        shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
-        for name in FILES:
-            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
-        metadata["seconds"] = round(time.time() - start, 3)
-        storage.write_json(os.path.join(output_dir, pretraining.METADATA_NAME), metadata)
-        return metadata
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def is_documents(metadata: dict) -> bool:
-    """Whether a directory's metadata.json is tokenized documents (else static instances)."""
-    return metadata.get("kind") == KIND
 
 
 class _DrawInstances(grain.transforms.Map):
@@ -103,7 +49,7 @@ class _DrawInstances(grain.transforms.Map):
 
     def map(self, element):
         if self._vocab is None:  # opened lazily, in the process that draws (reading threads may race: vocab last)
-            self._store = pretraining.TokenStore.load(self._path)
+            self._store = document_shards.Documents(self._path)
             tokenizer = tokenization.Tokenizer(os.path.join(self._path, "vocab.txt"), do_lower_case=self._lower)
             self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
         epoch, document = (int(x) for x in element)

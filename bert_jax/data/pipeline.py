@@ -300,10 +300,10 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         from the metadata (or none given for documents), an unknown format version, or shards not
         holding the recorded count.
     """
-    from bert_jax.data import dynamic
+    from bert_jax.data import document_shards, dynamic
 
     metadata = pretraining.read_metadata(path)
-    documents = dynamic.is_documents(metadata)
+    documents = document_shards.is_documents(metadata)
     if documents:
         if max_seq_length is None or max_predictions_per_seq is None:
             raise ValueError(f"{path} holds tokenized documents: give max_seq_length and max_predictions_per_seq")

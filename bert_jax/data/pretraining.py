@@ -109,6 +109,17 @@ class TokenStore:
     def num_documents(self) -> int:
         return len(self.document_starts) - 1
 
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def __getitem__(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document d -> (tokens int32 [T] (a view), sentence_starts int64 [S + 1] into them), the form
+        `document_shards.Documents` gives. IndexError outside [0, num_documents)."""
+        if not 0 <= d < self.num_documents:
+            raise IndexError(f"document {d} of {self.num_documents}")
+        starts = np.asarray(self.sentence_starts[self.document_starts[d] : self.document_starts[d + 1] + 1])
+        return np.asarray(self.tokens[starts[0] : starts[-1]]), starts - starts[0]
+
     def save(self, directory: str) -> None:
         """Writes tokens.npy, sentence_starts.npy and document_starts.npy into `directory` (must exist).
 
@@ -210,11 +221,6 @@ class VocabInfo:
         return cls(tokenizer.vocab_size, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, flags)
 
 
-def _segment_tokens(store: TokenStore, first: int, last: int) -> np.ndarray:
-    """Tokens of sentences first..last-1 (contiguous in the store)."""
-    return np.asarray(store.tokens[store.sentence_starts[first] : store.sentence_starts[last]])
-
-
 def _truncate_pair(a: np.ndarray, b: np.ndarray, max_num_tokens: int, rng: np.random.Generator):
     """The original truncate_seq_pair, by counting: the longer segment loses a token from the front or
     back (fair coin) until the pair fits; ties trim B, as the original."""
@@ -290,21 +296,23 @@ def encode_record(input_ids: np.ndarray, segment_b_start: int, positions: np.nda
                      positions.astype("<i4", copy=False).tobytes(), labels.astype("<i4", copy=False).tobytes()])
 
 
-def instances_from_document(store: TokenStore, document: int, options: InstanceOptions, vocab: VocabInfo,
+def instances_from_document(documents, document: int, options: InstanceOptions, vocab: VocabInfo,
                             rng: np.random.Generator) -> list[bytes]:
     """All instances of one document (one pass), as encoded records (`encode_record`).
 
     Args:
-      document: index in [0, store.num_documents).
+      documents: a `TokenStore` or `document_shards.Documents`: len() documents, documents[d] ->
+        (tokens int32 [T], sentence_starts int64 [S + 1]).
+      document: index in [0, len(documents)).
       options: assumed valid (`InstanceOptions.validate`).
       rng: drawn from for the target lengths, random next segments, truncation and masking.
 
-    Raises no error of its own; a document index >= num_documents gives numpy's IndexError.
+    Raises no error of its own; an index outside the documents gives their IndexError.
     """
-    first, last = int(store.document_starts[document]), int(store.document_starts[document + 1])
-    lengths = np.diff(np.asarray(store.sentence_starts[first : last + 1]))
+    tokens_doc, starts = documents[document]
+    num_sentences_doc = len(starts) - 1
     max_num_tokens = options.max_seq_length - 3
-    num_docs = store.num_documents
+    num_docs = len(documents)
 
     def draw_target():
         if rng.random() < options.short_seq_prob:
@@ -313,13 +321,13 @@ def instances_from_document(store: TokenStore, document: int, options: InstanceO
 
     target = draw_target()
     records = []
-    chunk_start, chunk_len, i = first, 0, first
-    while i < last:
-        chunk_len += int(lengths[i - first])
-        if i == last - 1 or chunk_len >= target:
+    chunk_start, chunk_len, i = 0, 0, 0
+    while i < num_sentences_doc:
+        chunk_len += int(starts[i + 1] - starts[i])
+        if i == num_sentences_doc - 1 or chunk_len >= target:
             num_sentences = i + 1 - chunk_start
             a_end = chunk_start + (1 if num_sentences < 2 else int(rng.integers(1, num_sentences)))
-            tokens_a = _segment_tokens(store, chunk_start, a_end)
+            tokens_a = tokens_doc[starts[chunk_start] : starts[a_end]]
             if num_sentences == 1 or rng.random() < 0.5:
                 is_random_next = 1
                 target_b = target - len(tokens_a)
@@ -328,16 +336,17 @@ def instances_from_document(store: TokenStore, document: int, options: InstanceO
                     other = int(rng.integers(0, num_docs))
                     if other != document:
                         break
-                o_first, o_last = int(store.document_starts[other]), int(store.document_starts[other + 1])
-                start = o_first + int(rng.integers(0, o_last - o_first))
-                o_last = min(o_last, start + max_num_tokens + 1)  # sentences hold >= 1 token each
-                ends = np.asarray(store.sentence_starts[start + 1 : o_last + 1]) - store.sentence_starts[start]
+                o_tokens, o_starts = documents[other]
+                o_sentences = len(o_starts) - 1
+                start = int(rng.integers(0, o_sentences))
+                o_last = min(o_sentences, start + max_num_tokens + 1)  # sentences hold >= 1 token each
+                ends = o_starts[start + 1 : o_last + 1] - o_starts[start]
                 stop = start + 1 + min(int(np.searchsorted(ends, max(target_b, 1))), len(ends) - 1)
-                tokens_b = _segment_tokens(store, start, stop)
+                tokens_b = o_tokens[o_starts[start] : o_starts[stop]]
                 i = a_end - 1  # the chunk's unused sentences go back
             else:
                 is_random_next = 0
-                tokens_b = _segment_tokens(store, a_end, i + 1)
+                tokens_b = tokens_doc[starts[a_end] : starts[i + 1]]
             tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
             num_a, num_b = len(tokens_a), len(tokens_b)
             tokens = np.empty(num_a + num_b + 3, np.int32)  # [CLS] A [SEP] B [SEP]
@@ -563,14 +572,16 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
       FileNotFoundError: not a complete create_pretraining_data output.
       ValueError: a target id >= vocab_size (instances built with another vocabulary).
     """
-    from bert_jax.data import dynamic
+    from bert_jax.data import document_shards
 
     counts = np.zeros(vocab_size, np.float64)
-    if dynamic.is_documents(read_metadata(path)):  # the tokens' unigram distribution
-        tokens = TokenStore.load(path).tokens
-        if len(tokens) and int(tokens.max()) >= vocab_size:
-            raise ValueError(f"{path}: token id {int(tokens.max())} >= vocab_size={vocab_size}")
-        counts += np.bincount(tokens, minlength=vocab_size)
+    metadata = read_metadata(path)
+    if document_shards.is_documents(metadata):  # the tokens' unigram distribution
+        token_counts = document_shards.Documents(path, metadata).token_counts()
+        used = np.flatnonzero(token_counts)
+        if len(used) and used[-1] >= vocab_size:
+            raise ValueError(f"{path}: token id {int(used[-1])} >= vocab_size={vocab_size}")
+        counts[: len(token_counts)] += token_counts[:vocab_size]
     else:
         for i, instance in enumerate(iterate_instances(path)):
             if i == max_instances:

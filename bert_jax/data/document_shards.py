@@ -1,0 +1,308 @@
+"""Tokenized documents on disk: sharded ArrayRecord files, one record per document.
+
+A corpus is tokenized once (`tokenize_documents`; `python -m bert_jax.data.create_pretraining_data
+--tokenize_only`) and pre-training instances are drawn from it while training (`bert_jax.data.dynamic`),
+as NVIDIA's LDDL and paxml do.
+
+Directory layout:
+  documents-{i:05d}-of-{n:05d}.array_record  the documents, one record each
+  token_counts.npy  int64 [vocab_size]: occurrences of each token id (the MLM bias's unigram prior)
+  vocab.txt         the vocabulary the ids index
+  metadata.json     {"kind": "documents", "format_version", "shards", "shard_documents", num_documents,
+                    num_sentences, num_tokens, skipped counts, vocab_size, vocab_sha256, do_lower_case,
+                    seconds, the source}; written last: its presence marks a complete directory.
+
+Record (little-endian int32): [num_sentences, sentence_lengths[num_sentences], token ids[sum of lengths]].
+
+Document order: the corpus's j-th kept document (empty sentences and documents without a sentence are
+dropped and counted) is record j // n of shard j % n, so document indices follow the corpus whatever the
+shard count, and a shard never has to hold a document whole in memory but its own record. Tokenization
+runs in `num_workers` processes on batches of documents, written in corpus order: the output depends on
+the corpus, vocabulary and shard count only. Memory is bounded by the batches in flight (2 per worker),
+not by the corpus.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import shutil
+import time
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from bert_jax import storage
+
+KIND = "documents"
+FORMAT_VERSION = 2  # 1 was a single memory-mapped token store (tokens.npy and offsets)
+METADATA_NAME = "metadata.json"
+COUNTS_NAME = "token_counts.npy"
+# Sentences tokenized per unit of work (one batch of whole documents).
+BATCH_SENTENCES = 20000
+# Tokens of decoded documents `Documents` keeps (most recently used first): a book-length document is read
+# again for many NotNext segments.
+CACHE_TOKENS = 1 << 24
+
+
+def shard_names(num_shards: int) -> list[str]:
+    """The shard file names `documents-{i:05d}-of-{num_shards:05d}.array_record`, in order."""
+    return [f"documents-{i:05d}-of-{num_shards:05d}.array_record" for i in range(num_shards)]
+
+
+def is_documents(metadata: dict) -> bool:
+    """Whether a directory's metadata.json describes tokenized documents (else static instances)."""
+    return metadata.get("kind") == KIND
+
+
+def encode_document(tokens: np.ndarray, lengths: np.ndarray) -> bytes:
+    """One document -> record bytes. tokens: int [T] ids of all its sentences; lengths: int [S] tokens per
+    sentence, summing to T (not checked here: `_tokenize_batch` builds both)."""
+    return b"".join([np.asarray([len(lengths)], "<i4").tobytes(), np.asarray(lengths, "<i4").tobytes(),
+                     np.asarray(tokens, "<i4").tobytes()])
+
+
+def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Record bytes -> (tokens int32 [T], sentence_starts int64 [S + 1]: sentence s is
+    tokens[starts[s]:starts[s + 1]]).
+
+    Raises:
+      ValueError: a record whose sizes do not add up (a corrupt file).
+    """
+    values = np.frombuffer(record, "<i4")
+    num_sentences = int(values[0]) if len(values) else -1
+    lengths = values[1 : 1 + num_sentences]
+    if num_sentences < 1 or len(lengths) != num_sentences or (lengths < 1).any() or (
+            1 + num_sentences + int(lengths.sum()) != len(values)):
+        raise ValueError(f"a document record of {len(record)} bytes is malformed")
+    starts = np.zeros(num_sentences + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    tokens = values[1 + num_sentences :].astype(np.int32)
+    tokens.flags.writeable = starts.flags.writeable = False  # `Documents` shares them through its cache
+    return tokens, starts
+
+
+# ----------------------------------------------------------------------------- writing
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer) -> None:
+    _WORKER["tokenizer"] = tokenizer
+
+
+def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes], int, int, np.ndarray]:
+    """Documents -> (records of the documents keeping a sentence, sentences dropped as empty, sentences kept,
+    token ids' counts int64 [V])."""
+    tokenizer = _WORKER["tokenizer"]
+    flat, lengths = tokenizer.encode_batch_flat([s for document in batch for s in document])
+    records, dropped, kept_sentences = [], 0, 0
+    token_start = sentence = 0
+    for document in batch:
+        doc_lengths = lengths[sentence : sentence + len(document)]
+        sentence += len(document)
+        size = int(doc_lengths.sum())
+        kept = doc_lengths[doc_lengths > 0]
+        dropped += len(doc_lengths) - len(kept)
+        if len(kept):
+            records.append(encode_document(flat[token_start : token_start + size], kept))
+            kept_sentences += len(kept)
+        token_start += size
+    return records, dropped, kept_sentences, np.bincount(flat, minlength=tokenizer.vocab_size)
+
+
+def _batches(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
+    batch, size = [], 0
+    for document in documents:
+        if not document:
+            continue
+        batch.append(list(document))
+        size += len(document)
+        if size >= BATCH_SENTENCES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _in_order(batches: Iterator[list[list[str]]], num_workers: int, tokenizer) -> Iterator[tuple]:
+    """`_tokenize_batch` over `batches`, results in input order; num_workers > 1: in a process pool with at
+    most 2 batches per worker in flight (Pool.imap would read the whole corpus ahead)."""
+    if num_workers == 1:
+        _init_worker(tokenizer)
+        yield from map(_tokenize_batch, batches)
+        return
+    with multiprocessing.get_context("spawn").Pool(num_workers, _init_worker, (tokenizer,)) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_tokenize_batch, (batch,)))
+            if len(pending) >= 2 * num_workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: str, *, num_shards: int = 1,
+                       num_workers: int = 1, read_stats=None, extra_metadata: dict | None = None) -> dict:
+    """Tokenizes `documents` once into sharded ArrayRecord files in `output_dir` (module docstring) -> the
+    metadata written.
+
+    Args:
+      documents: iterable of documents, each a list of sentence strings (`bert_jax.data.corpus` readers).
+      tokenizer: a `bert_jax.data.tokenization.Tokenizer`; its vocabulary file is copied into output_dir.
+      output_dir: a local directory, created if missing; files are written under a temporary directory
+        inside it and renamed, metadata.json last.
+      num_shards: output shards (documents go round-robin).
+      num_workers: tokenizing processes (the output does not depend on it).
+      read_stats: the reader's `corpus.ReadStats` (its invalid-UTF-8 count goes into the metadata).
+
+    Raises:
+      ValueError: num_shards or num_workers below 1, or no document has a sentence with a token.
+      TypeError: a sentence that is not a str (from the tokenizer).
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    for name, value in (("num_shards", num_shards), ("num_workers", num_workers)):
+        if value < 1:
+            raise ValueError(f"--{name}={value} must be at least 1")
+    start = time.time()
+    os.makedirs(output_dir, exist_ok=True)
+    work = os.path.join(output_dir, f".work-{os.getpid()}")
+    os.makedirs(work, exist_ok=True)
+    names = shard_names(num_shards)
+    try:
+        writers = [ArrayRecordWriter(os.path.join(work, n), "group_size:1,uncompressed") for n in names]
+        shard_documents = [0] * num_shards
+        counts = np.zeros(tokenizer.vocab_size, np.int64)
+        num_documents = num_sentences = dropped = 0
+        try:
+            for records, batch_dropped, batch_sentences, batch_counts in _in_order(
+                    _batches(documents), num_workers, tokenizer):
+                for record in records:
+                    writers[num_documents % num_shards].write(record)
+                    shard_documents[num_documents % num_shards] += 1
+                    num_documents += 1
+                dropped += batch_dropped
+                num_sentences += batch_sentences
+                counts += batch_counts
+        finally:
+            for writer in writers:
+                writer.close()
+        if not num_documents:
+            raise ValueError("the input holds no document with a non-empty sentence")
+        np.save(os.path.join(work, COUNTS_NAME), counts)
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
+        for name in [*names, COUNTS_NAME, "vocab.txt"]:
+            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        metadata = {
+            "kind": KIND,
+            "format_version": FORMAT_VERSION,
+            "shards": names,
+            "shard_documents": shard_documents,
+            "num_documents": num_documents,
+            "num_sentences": num_sentences,
+            "num_tokens": int(counts.sum()),
+            "skipped": {"invalid_utf8_lines": getattr(read_stats, "invalid_utf8_lines", 0),
+                        "empty_sentences": dropped},
+            "vocab_size": tokenizer.vocab_size,
+            "vocab_sha256": tokenizer.vocab_sha256,
+            "do_lower_case": tokenizer.do_lower_case,
+            **(extra_metadata or {}),
+            "seconds": round(time.time() - start, 3),
+        }
+        storage.write_json(os.path.join(output_dir, METADATA_NAME), metadata)
+        return metadata
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def check(path: str, metadata: dict) -> None:
+    """Checks a tokenized-documents directory complete: format version, shards present and readable with
+    the recorded document counts, token_counts.npy and vocab.txt present.
+
+    Raises:
+      FileNotFoundError: a listed file is missing (names it).
+      ValueError: another format version, a truncated or corrupt shard (names it), or a shard holding
+        another number of documents than metadata.json records.
+    """
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: tokenized documents of format_version {metadata.get('format_version')!r}, "
+                         f"expected {FORMAT_VERSION} (tokenize the corpus again)")
+    for name in (COUNTS_NAME, "vocab.txt"):
+        if not storage.is_file(storage.join(path, name)):
+            raise FileNotFoundError(f"{storage.join(path, name)}: missing (tokenized documents incomplete)")
+    _open(path, metadata)
+
+
+def _open(path: str, metadata: dict) -> list:
+    """One grain ArrayRecordDataSource per shard, checked against metadata's counts (errors as `check`)."""
+    import grain
+
+    sources = []
+    for name, expected in zip(metadata["shards"], metadata["shard_documents"], strict=True):
+        shard = storage.join(path, name)
+        if not storage.is_file(shard):
+            raise FileNotFoundError(f"{shard}: shard listed in {METADATA_NAME} is missing")
+        try:
+            source = grain.sources.ArrayRecordDataSource([shard])
+        except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
+            raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
+        if len(source) != expected:
+            raise ValueError(f"{shard}: holds {len(source)} documents, {METADATA_NAME} records {expected}")
+        sources.append(source)
+    return sources
+
+
+class Documents:
+    """Random access to the documents of a tokenized-documents directory, by corpus index.
+
+    `docs[d]` -> (tokens int32 [T], sentence_starts int64 [S + 1]) as `decode_document` (read-only: shared
+    with a cache of the most recently used documents, CACHE_TOKENS tokens). Shards are opened on first use
+    (so an instance pickles into grain workers without open files).
+
+    Raises (on first use / indexing):
+      FileNotFoundError, ValueError: as `check` (missing, truncated or corrupt shards); ValueError for a
+        malformed record (names the shard and the document).
+      IndexError: d outside [0, num_documents).
+    """
+
+    def __init__(self, path: str, metadata: dict | None = None):
+        self.path = path
+        self.metadata = metadata if metadata is not None else storage.read_json(storage.join(path, METADATA_NAME))
+        self.num_documents = int(self.metadata["num_documents"])
+        self._sources = None
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cached_tokens = 0
+
+    def __getstate__(self):
+        return {**self.__dict__, "_sources": None, "_cache": collections.OrderedDict(), "_cached_tokens": 0}
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def __getitem__(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= d < self.num_documents:
+            raise IndexError(f"document {d} of {self.num_documents} in {self.path}")
+        if d in self._cache:
+            self._cache.move_to_end(d)
+            return self._cache[d]
+        if self._sources is None:
+            self._sources = _open(self.path, self.metadata)
+        shard = d % len(self._sources)
+        try:
+            document = decode_document(self._sources[shard][d // len(self._sources)])
+        except ValueError as e:
+            raise ValueError(f"{storage.join(self.path, self.metadata['shards'][shard])}: document {d}: {e}") from None
+        self._cache[d] = document
+        self._cached_tokens += len(document[0])
+        while self._cached_tokens > CACHE_TOKENS and len(self._cache) > 1:
+            self._cached_tokens -= len(self._cache.popitem(last=False)[1][0])
+        return document
+
+    def token_counts(self) -> np.ndarray:
+        """int64 [vocab_size]: occurrences of each token id over all documents (token_counts.npy)."""
+        return np.load(storage.join(self.path, COUNTS_NAME))
