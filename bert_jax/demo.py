@@ -2,7 +2,7 @@
 whether its pre-training transfers.
 
   python -m bert_jax.demo [--corpus FILE] [--workdir DIR] [--squad_dir DIR] [--glue_dir DIR]
-      [--total_steps N] [--norandom_baseline]
+      [--total_steps N] [--norandom_baseline] [--nodynamic [--dupe_factor N]]
 
 Stages (each the library call or command a user would make, with progress bars):
   1. corpus: CPython's bundled documentation text (`pydoc_data.topics`, on every Python
@@ -10,7 +10,9 @@ Stages (each the library call or command a user would make, with progress bars):
      contexts, SST-2 sentences: in-domain text; never dev text); or --corpus FILE in the original
      BERT format (one sentence per line, blank lines between documents);
   2. a WordPiece vocabulary trained with sentencepiece (`bert_jax.data.vocab.train_vocab`);
-  3. pre-training instances for both phases (`bert_jax.data.pretraining.create_pretraining_data`);
+  3. the corpus tokenized once (`bert_jax.data.document_shards`), from which both phases draw their
+     instances and masks while training, packed several per row (`bert_jax.data.dynamic`, `packing`);
+     --nodynamic: static instances for each phase (`bert_jax.data.pretraining.create_pretraining_data`);
   4. pre-training of the tiny BERT (`configs/pretrain.py:demo`) through both phases in one run on 8
      simulated CPU devices (mesh data 4 x tensor 2), with Orbax checkpoints;
   5. fine-tuning, each in a fresh process as a user's job, from the final checkpoint and, beside it,
@@ -45,7 +47,11 @@ _GLUE_DIR = flags.DEFINE_string("glue_dir", None, "GLUE folder with SST-2/train.
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocabulary size trained on the corpus.")
 _TOTAL_STEPS = flags.DEFINE_integer("total_steps", None, "Pre-training steps over both phases (default: the "
                                     "demo config's).")
-_DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", 3, "Passes over the corpus when generating instances.")
+_DYNAMIC = flags.DEFINE_bool("dynamic", True, "Tokenize the corpus once, draw instances and masks while training "
+                             "and pack them several per row (the default); false: static instances "
+                             "(--dupe_factor copies), one per row.")
+_DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", 3, "Passes over the corpus when generating static instances "
+                                    "(--dynamic=false).")
 _SQUAD_TRAIN_EXAMPLES = flags.DEFINE_integer("squad_train_examples", 2000, "SQuAD training questions used.")
 _SQUAD_EVAL_EXAMPLES = flags.DEFINE_integer("squad_eval_examples", 500, "SQuAD dev questions evaluated.")
 _RANDOM_BASELINE = flags.DEFINE_bool("random_baseline", True, "Also fine-tune each task from random "
@@ -104,8 +110,9 @@ def find_sst2(glue_dir: str | None) -> str | None:
     return sst2
 
 
-def pretrain_config(workdir: str, vocab_size: int, total_steps: int | None):
-    """configs/pretrain.py:demo with this demo's vocabulary, data folders and mesh (data 4 x tensor 2)."""
+def pretrain_config(workdir: str, vocab_size: int, total_steps: int | None, dynamic: bool = True):
+    """configs/pretrain.py:demo with this demo's vocabulary, data folders and mesh (data 4 x tensor 2);
+    dynamic: both phases draw from one tokenized-documents folder, packed."""
     from configs import pretrain
 
     config = pretrain.get_config("demo")
@@ -114,7 +121,8 @@ def pretrain_config(workdir: str, vocab_size: int, total_steps: int | None):
         config.warmup_steps = round(config.warmup_steps * total_steps / config.total_steps)
         config.total_steps = total_steps
     for p in config.phases:
-        p.data_dir = os.path.join(workdir, "data", f"length{p.max_seq_length}")
+        p.data_dir = os.path.join(workdir, "data", "documents" if dynamic else f"length{p.max_seq_length}")
+        p.packing = dynamic
     config.mesh.data, config.mesh.tensor = 4, 2
     config.log_every = 10
     config.checkpoint_every = config.total_steps
@@ -135,7 +143,7 @@ def phase_summary(records: list[dict], phases) -> list[dict]:
 
 def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str | None, vocab_size: int,
         total_steps: int | None, dupe_factor: int, squad_train_examples: int, squad_eval_examples: int,
-        random_baseline: bool = True) -> dict:
+        random_baseline: bool = True, dynamic: bool = True) -> dict:
     """The whole pipeline (module docstring) -> the summary dict (also written to workdir/summary.json)."""
     start = time.perf_counter()
     workdir = os.path.abspath(workdir)
@@ -182,12 +190,17 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
 
     # 3. instances for both phases
     tokenizer = tokenization.Tokenizer(vocab_file)
-    config = pretrain_config(workdir, tokenizer.vocab_size, total_steps)
+    config = pretrain_config(workdir, tokenizer.vocab_size, total_steps, dynamic)
     try:
-        metas = experiment.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=dupe_factor)
+        metas = experiment.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=dupe_factor,
+                                                    dynamic=dynamic)
     except ValueError as e:
         raise DemoError(str(e)) from None
-    for p, meta in zip(config.phases, metas):
+    if dynamic:
+        print(f"[3/6] tokenized documents: {metas[0]['num_documents']} documents, {metas[0]['num_tokens']} tokens -> "
+              f"{config.phases[0].data_dir} (instances drawn while training, lengths "
+              f"{' then '.join(str(p.max_seq_length) for p in config.phases)}, packed)", flush=True)
+    for p, meta in zip(config.phases, metas if not dynamic else []):
         print(f"[3/6] instances: length {p.max_seq_length}: {meta['num_instances']} -> {p.data_dir}", flush=True)
 
     # 4. pre-training, both phases in one run, 8 simulated devices
@@ -287,7 +300,8 @@ def main(argv):
     glue_dir = _GLUE_DIR.value if _GLUE_DIR.value is not None else os.environ.get("GLUE_DIR") or None
     try:
         run(_CORPUS.value, _WORKDIR.value, squad_dir, glue_dir, _VOCAB_SIZE.value, _TOTAL_STEPS.value,
-            _DUPE_FACTOR.value, _SQUAD_TRAIN_EXAMPLES.value, _SQUAD_EVAL_EXAMPLES.value, _RANDOM_BASELINE.value)
+            _DUPE_FACTOR.value, _SQUAD_TRAIN_EXAMPLES.value, _SQUAD_EVAL_EXAMPLES.value, _RANDOM_BASELINE.value,
+            _DYNAMIC.value)
     except (DemoError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"demo: {e}", file=sys.stderr)
         return 1

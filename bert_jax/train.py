@@ -64,6 +64,7 @@ class Phase:
     data_dir: str
     packing: bool = False  # several instances per row (bert_jax.data.packing)
     max_instances: int = 0  # K, instances per packed row (0: packing.default_max_instances)
+    fill_rows: bool = True  # packed rows of tokenized documents: free room filled (bert_jax.data.dynamic.FillRows)
 
 
 def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
@@ -89,7 +90,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
         if p.get("max_instances", 0) < 0:
             raise ValueError(f"config.phases[{i}].max_instances={p.max_instances} must be >= 0 (0: the default)")
         phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir,
-                            bool(p.get("packing", False)), int(p.get("max_instances", 0))))
+                            bool(p.get("packing", False)), int(p.get("max_instances", 0)),
+                            bool(p.get("fill_rows", True))))
         start = end
     return phases
 
@@ -360,7 +362,7 @@ def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
         max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
-        packing=phase.packing, max_instances=phase.max_instances or None,
+        packing=phase.packing, max_instances=phase.max_instances or None, fill_rows=phase.fill_rows,
         worker_count=config.get("data_workers", 0))
     if state is not None:
         it.set_state(state)

@@ -59,12 +59,15 @@ def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, da
         max_seq_length=max_seq_length,  # sequence length of this phase's instances
         max_predictions_per_seq=max_predictions_per_seq,  # masked positions per sequence
         fraction=fraction,  # share of total_steps spent in this phase
-        data_dir=data_dir,  # create_pretraining_data output directory (ArrayRecord shards + metadata.json)
+        data_dir=data_dir,  # create_pretraining_data output: instances, or documents (--tokenize_only)
         batch_size=batch_size,  # global batch, rows (sequences; packed: rows of several instances)
         # Pack several instances per row (Krell et al. 2021; bert_jax.data.packing): attention within each
         # instance, positions restarting, NSP at each [CLS]; the same loss per instance as unpacked.
         packing=packing,
         max_instances=0,  # instances per packed row, K (0: max(2, max_seq_length // 32))
+        # With packing and tokenized documents: rows with >= 32 free tokens get instances drawn to fit
+        # (bert_jax.data.dynamic.FillRows: short documents leave gaps that no instance of the stream fills).
+        fill_rows=True,
     ))
 
 

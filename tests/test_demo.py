@@ -19,11 +19,11 @@ def _demo(*args, timeout=600):
 
 @pytest.mark.slow
 def test_demo_whole_pipeline(tmp_path, data_dir):
-    """Corpus (pydoc + the tasks' training text) -> vocabulary -> both phases' instances -> two-phase
+    """Corpus (pydoc + the tasks' training text) -> vocabulary -> tokenized documents -> two-phase packed
     pre-training on 8 devices -> SST-2 and SQuAD, each from the final checkpoint and from random init
     in fresh processes -> summary with both scores per stage, TensorBoard files and PNGs (shortened)."""
     workdir = tmp_path / "demo"
-    result = _demo("--workdir", str(workdir), "--total_steps", "40", "--dupe_factor", "1",
+    result = _demo("--workdir", str(workdir), "--total_steps", "40",
                    "--squad_dir", str(data_dir / "squad"), "--glue_dir", str(data_dir / "glue"),
                    "--squad_train_examples", "200", "--squad_eval_examples", "50")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

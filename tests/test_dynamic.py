@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, document_shards, dynamic, pipeline, pretraining, tokenization
+from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization
 from conftest import ROOT
 
 
@@ -195,3 +195,37 @@ def test_log_prior_of_documents_is_the_tokens_unigram(documents):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="token id"):
         pretraining.masked_token_log_prior(str(documents), 100)
+
+
+def test_filled_rows_keep_their_instances_and_add_valid_ones(documents):
+    """dynamic.FillRows on packed rows of the sample text: the packer's instances are untouched, each
+    filler is a well-formed instance ([CLS] A [SEP] B [SEP], types, masked positions inside it) at most
+    the room left, placed only where MIN_FILL tokens were free, padding falls, and the same row is filled the same way."""
+    kw = dict(global_batch_size=16, packing=True, num_packing_bins=16, seed=5)
+    plain = list(itertools.islice(_iterator(documents, fill_rows=False, **kw), 4))
+    filled = list(itertools.islice(_iterator(documents, **kw), 4))
+    again = next(_iterator(documents, **kw))
+    for k in again:
+        np.testing.assert_array_equal(again[k], filled[0][k], err_msg=k)
+    fillers = 0
+    for p, f in zip(plain, filled):
+        for r in range(len(p["input_ids"])):
+            n, k = int(p["attention_mask"][r].sum()), int(p["next_sentence_weights"][r].sum())
+            for name in ("input_ids", "token_type_ids", "segment_ids", "position_ids"):
+                np.testing.assert_array_equal(f[name][r, :n], p[name][r, :n], err_msg=name)
+            np.testing.assert_array_equal(f["next_sentence_labels"][r, :k], p["next_sentence_labels"][r, :k])
+            for s in range(k + 1, int(f["segment_ids"][r].max()) + 1):  # the fillers
+                fillers += 1
+                at = np.flatnonzero(f["segment_ids"][r] == s)
+                ids, types = f["input_ids"][r, at], f["token_type_ids"][r, at]
+                assert 5 <= len(at) <= 128 - at[0] and at[0] >= n and 128 - at[0] >= dynamic.FillRows.MIN_FILL
+                seps = np.flatnonzero(ids == 102)
+                assert ids[0] == 101 and len(seps) == 2 and seps[-1] == len(ids) - 1
+                assert (types[: seps[0] + 1] == 0).all() and (types[seps[0] + 1 :] == 1).all()
+                assert f["next_sentence_positions"][r, s - 1] == at[0]
+                mine = f["masked_lm_weights"][r] > 0
+                inside = (f["masked_lm_positions"][r] >= at[0]) & (f["masked_lm_positions"][r] <= at[-1])
+                assert (inside & mine).sum() >= 1
+        assert packing.padding_fraction(f) <= packing.padding_fraction(p)
+    assert fillers > 0
+    assert sum(map(packing.padding_fraction, filled)) < sum(map(packing.padding_fraction, plain))

@@ -23,13 +23,14 @@ draws whole documents, one output each, and grain reads the workers round-robin 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
 import grain
 import numpy as np
 
-from bert_jax.data import document_shards, pipeline, pretraining, tokenization
+from bert_jax.data import document_shards, packing, pipeline, pretraining, tokenization
 
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
 DEFAULT_SHUFFLE_WINDOW = 16384
@@ -47,14 +48,81 @@ class _DrawInstances(grain.transforms.Map):
     def __getstate__(self):  # pickled into grain workers without the memory maps
         return {**self.__dict__, "_store": None, "_vocab": None}
 
-    def map(self, element):
-        if self._vocab is None:  # opened lazily, in the process that draws (reading threads may race: vocab last)
+    def open(self) -> None:
+        """Opens the documents and the vocabulary, once, in the process that draws (lazily: reading threads
+        may race, so the vocabulary, which marks it done, goes last)."""
+        if self._vocab is None:
             self._store = document_shards.Documents(self._path)
             tokenizer = tokenization.Tokenizer(os.path.join(self._path, "vocab.txt"), do_lower_case=self._lower)
             self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
+
+    def map(self, element):
+        self.open()
         epoch, document = (int(x) for x in element)
         rng = np.random.default_rng([self._seed, epoch, document])
         return list(pretraining.instances_from_document(self._store, document, self._options, self._vocab, rng))
+
+
+class FillRows(grain.transforms.Map):
+    """A packed row (grain's element layout, `packing.pack`) -> the same row with its free room filled by
+    instances drawn to fit, when the row has room for at least MIN_FILL tokens, an instance slot and a
+    prediction slot.
+
+    Why: instances of short documents mostly end a few tokens short of max_seq_length (a paragraph ends
+    the chunk), and the stream has too few short instances to fill those gaps: SQuAD's paragraphs pack to
+    7.4% padding at 128 without this (README, Packing). A filler is one instance of the original procedure
+    (`pretraining.instances_from_document` with limit=1) from a random sentence of a random document, with
+    max_seq_length = the room left (its target length, the short-target draw off) and at most the row's
+    free prediction slots; it is an extra instance, no original instance is changed, so the stream holds
+    more short instances than the original's short_seq_prob gives (benchmarks/packing.py counts them). The
+    random generator is seeded by (seed, a hash of the row), so a row is filled the same way whenever it
+    is packed: a resumed or re-run stream is unchanged and the transform holds no state.
+    """
+
+    MIN_FILL = 32
+
+    def __init__(self, path: str, options: pretraining.InstanceOptions, seed: int, do_lower_case: bool,
+                 max_instances: int):
+        self._draw = _DrawInstances(path, options, seed, do_lower_case)
+        self._options, self._seed, self._max_instances = options, seed, max_instances
+
+    def map(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import zlib
+
+        draw = self._draw
+        draw.open()
+        row = {k: v.copy() for k, v in row.items()}
+        length, predictions = len(row["input_ids"]), len(row["masked_lm_ids"])
+        rng = np.random.default_rng([self._seed, 3, zlib.crc32(row["input_ids"].tobytes()),
+                                     zlib.crc32(row["masked_lm_ids"].tobytes())])
+        while True:
+            used = int(np.count_nonzero(row["input_ids_segment_ids"]))
+            used_predictions = int(np.count_nonzero(row["masked_lm_ids_segment_ids"]))
+            count = int(row["next_sentence_labels_segment_ids"].max())
+            room = length - used
+            if room < self.MIN_FILL or count >= self._max_instances or used_predictions >= predictions:
+                return row
+            options = dataclasses.replace(self._options, max_seq_length=room, short_seq_prob=0.0,
+                                          max_predictions_per_seq=predictions - used_predictions)
+            document = int(rng.integers(0, len(draw._store)))
+            first = int(rng.integers(0, len(draw._store[document][1]) - 1))
+            (record,) = pretraining.instances_from_document(draw._store, document, options, draw._vocab, rng,
+                                                            first_sentence=first, limit=1)
+            _append(row, packing.unpad(pretraining.decode_instance(record, room, options.max_predictions_per_seq)),
+                    used, used_predictions, count)
+
+
+def _append(row: dict[str, np.ndarray], instance: dict[str, np.ndarray], used: int, used_predictions: int,
+            count: int) -> None:
+    """Writes an unpadded instance (`packing.unpad`) into a packed row in grain's layout, as instance
+    count + 1 at token offset `used` and prediction offset `used_predictions`."""
+    for name, offset in (("input_ids", used), ("token_type_ids", used), ("masked_lm_positions", used_predictions),
+                         ("masked_lm_ids", used_predictions), ("masked_lm_weights", used_predictions),
+                         ("next_sentence_labels", count)):
+        values = instance[name]
+        row[name][offset : offset + len(values)] = values
+        row[f"{name}_segment_ids"][offset : offset + len(values)] = count + 1
+        row[f"{name}_positions"][offset : offset + len(values)] = np.arange(len(values))
 
 
 class _Flatten(grain.experimental.FlatMapTransform):

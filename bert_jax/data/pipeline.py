@@ -81,7 +81,7 @@ _READ_OPTIONS = grain.ReadOptions(num_threads=8, prefetch_buffer_size=16)
 # The settings a state must match to be restored (besides `next_batch`).
 _STATE_KEYS = ("seed", "shuffle", "num_epochs", "global_batch_size", "num_instances")
 _PACKED_STATE_KEYS = _STATE_KEYS + ("max_instances", "num_packing_bins", "process_count", "process_index", "dynamic",
-                                    "max_seq_length", "max_predictions_per_seq")
+                                    "max_seq_length", "max_predictions_per_seq", "fill_rows")
 
 
 def _decode_batch(records: Sequence[bytes], max_seq_length: int,
@@ -206,8 +206,9 @@ class PackedPretrainingIterator(grain.DatasetIterator):
             settings, another process_count or worker_count), or without grain's state.
         """
         for key in _PACKED_STATE_KEYS:
-            if state.get(key) != self._settings[key]:
-                raise ValueError(f"iterator state has {key}={state.get(key)!r}, this iterator "
+            saved = state.get(key, False if key == "fill_rows" else None)  # states before fill_rows: none
+            if saved != self._settings[key]:
+                raise ValueError(f"iterator state has {key}={saved!r}, this iterator "
                                  f"{key}={self._settings[key]!r}")
         if state.get("worker_count", 0) != self._settings["worker_count"]:  # grain's state differs with workers
             raise ValueError(f"iterator state was saved with worker_count={state.get('worker_count', 0)}, this "
@@ -267,7 +268,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                               process_count: int | None = None, max_seq_length: int | None = None,
                               max_predictions_per_seq: int | None = None,
                               worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
-                              num_packing_bins: int | None = None) -> PretrainingIterator | PackedPretrainingIterator:
+                              num_packing_bins: int | None = None,
+                              fill_rows: bool = True) -> PretrainingIterator | PackedPretrainingIterator:
     """This process's batches of a create_pretraining_data output directory (static instances), or of
     tokenized documents (`bert_jax.data.dynamic`: instances drawn while reading).
 
@@ -288,6 +290,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       packing: pack several instances per row (module docstring: Packing).
       max_instances: K, instances per packed row; default `packing.default_max_instances`.
       num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
+      fill_rows: packed rows of tokenized documents get their free room filled with instances drawn to fit
+        (`dynamic.FillRows`); no effect on static instances or unpacked rows.
 
     Returns:
       A PretrainingIterator (static instances, unpacked) or a PackedPretrainingIterator (packed, or drawn
@@ -369,6 +373,10 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                 max_seq_length=length, max_predictions_per_seq=predictions, max_instances=max_instances,
                 num_packing_bins=num_packing_bins,
                 seed=int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0]))
+            fill_rows = fill_rows and documents
+            if fill_rows:
+                rows = rows.map(dynamic.FillRows(path, options, seed, bool(metadata.get("do_lower_case", True)),
+                                                 max_instances))
             batches = rows.batch(local_batch_size, drop_remainder=True, batch_fn=packing_lib.finalize_batch)
         else:
             batches = records.batch(local_batch_size, drop_remainder=True, batch_fn=functools.partial(
@@ -378,7 +386,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                     "num_packing_bins": num_packing_bins if packing else 0, "process_count": process_count,
                     "process_index": process_index,
                     "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions,
-                    "worker_count": worker_count}
+                    "worker_count": worker_count, "fill_rows": bool(packing and fill_rows)}
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,

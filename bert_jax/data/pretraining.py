@@ -297,7 +297,7 @@ def encode_record(input_ids: np.ndarray, segment_b_start: int, positions: np.nda
 
 
 def instances_from_document(documents, document: int, options: InstanceOptions, vocab: VocabInfo,
-                            rng: np.random.Generator) -> list[bytes]:
+                            rng: np.random.Generator, first_sentence: int = 0, limit: int | None = None) -> list[bytes]:
     """All instances of one document (one pass), as encoded records (`encode_record`).
 
     Args:
@@ -306,6 +306,9 @@ def instances_from_document(documents, document: int, options: InstanceOptions, 
       document: index in [0, len(documents)).
       options: assumed valid (`InstanceOptions.validate`).
       rng: drawn from for the target lengths, random next segments, truncation and masking.
+      first_sentence: start the pass at this sentence of the document (the row filler of
+        `bert_jax.data.dynamic` draws one instance from a random place).
+      limit: stop after this many instances (None: the whole document).
 
     Raises no error of its own; an index outside the documents gives their IndexError.
     """
@@ -321,8 +324,8 @@ def instances_from_document(documents, document: int, options: InstanceOptions, 
 
     target = draw_target()
     records = []
-    chunk_start, chunk_len, i = 0, 0, 0
-    while i < num_sentences_doc:
+    chunk_start, chunk_len, i = first_sentence, 0, first_sentence
+    while i < num_sentences_doc and len(records) != limit:
         chunk_len += int(starts[i + 1] - starts[i])
         if i == num_sentences_doc - 1 or chunk_len >= target:
             num_sentences = i + 1 - chunk_start
