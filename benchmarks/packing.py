@@ -1,13 +1,15 @@
 """Sequence packing: padding per corpus and phase, packed against padded; useful tokens/s of the train step.
 
-  .venv/bin/python benchmarks/packing.py [--workdir /tmp/packing] [--rounds 3] [--steps 3]
+  .venv/bin/python benchmarks/packing.py [--workdir /tmp/packing] [--rounds 3] [--steps 3] [--padding_only]
 
 1. Padding fraction (padded token slots / all token slots) over one pass of each corpus's instances,
    unpacked (one instance per row) and packed (`bert_jax.data.packing`, default window and K), at the
    two phases of the paper (128 / 20 and 512 / 80), on three shared corpora: Gutenberg (book-length
    documents), WikiText-2 (articles) and the SQuAD train subset's paragraphs taken as documents (short
    Wikipedia text). Instances: create_pretraining_data with Google's uncased vocabulary, dupe_factor 1,
-   seed 12345 (cached under --workdir). Bar: packed <= 5% at 128 and 512.
+   seed 12345 (cached under --workdir). Bar: packed <= 5% at 128 and 512. Then the same corpora as
+   tokenized documents, one epoch of dynamic instances: padded, packed, and packed with the rows' free
+   room filled (`dynamic.FillRows`), with the fillers' share of the instances.
 2. The input pipeline per process (reading, decoding, drawing instances, packing; the training process's
    threads, and for dynamic packed data also 1 and 2 grain worker processes drawing): rows/s and
    instances/s, start-up included, over 100 batches of 64 (dynamic: three windows of the instance
@@ -82,10 +84,11 @@ def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batche
     return batches * batch_size / seconds, count / seconds
 
 
-def one_pass(path: str, packed: bool, batch_size: int = 64):
-    """(padding fraction, rows, instances, seconds) over one shuffled pass."""
+def one_pass(path: str, packed: bool, batch_size: int = 64, **kw):
+    """(padding fraction, rows, instances, seconds) over one shuffled pass (of the instances, or of the
+    documents: kw gives the length, predictions and fill_rows for tokenized documents)."""
     it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, num_epochs=1,
-                                            process_index=0, process_count=1, packing=packed)
+                                            process_index=0, process_count=1, packing=packed, **kw)
     real = slots = rows = count = 0
     start = time.perf_counter()
     for batch in it:
@@ -144,6 +147,7 @@ def main():
     parser.add_argument("--roofline_ms", default="28.0,82.7",
                         help="Base train step on v4-32 at the AOT roofline, phase 1 and phase 2 packed (ms)")
     parser.add_argument("--skip_speed", action="store_true")
+    parser.add_argument("--padding_only", action="store_true", help="only part 1, the padding fractions")
     args = parser.parse_args()
     workdir = pathlib.Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +163,21 @@ def main():
             print(f"  {name:9s} {length:3d}: {pad:6.1%} -> {ppad:5.1%}  ({rows} rows -> {prows}; "
                   f"{pn / prows:.2f} instances per packed row; pipeline {prows / seconds:.0f} rows/s, "
                   f"{pn / seconds:.0f} instances/s)", flush=True)
+    print("dynamic instances (tokenized documents, one epoch of documents), padded -> packed -> packed with the "
+          f"free room filled (dynamic.FillRows, rows with >= {dynamic.FillRows.MIN_FILL} free tokens):", flush=True)
+    for name in CORPORA:
+        path = documents(workdir, name)
+        for length, predictions, _ in PHASES:
+            kw = dict(max_seq_length=length, max_predictions_per_seq=predictions)
+            pad, rows, n, _ = one_pass(path, False, **kw)
+            ppad, prows, pn, _ = one_pass(path, True, fill_rows=False, **kw)
+            fpad, frows, fn, _ = one_pass(path, True, **kw)
+            print(f"  {name:9s} {length:3d}: {pad:6.1%} -> {ppad:5.1%} -> {fpad:5.1%}  (instances per packed row "
+                  f"{pn / prows:.2f} -> {fn / frows:.2f}: fillers {(fn - pn) / fn:.1%} of the "
+                  f"instances)", flush=True)
 
+    if args.padding_only:
+        return
     need = [64 / (float(ms) / 1e3) for ms in args.roofline_ms.split(",")]
     print(f"input pipeline, one process (a v4-32 host needs {need[0]:.0f} rows/s in phase 1 and {need[1]:.0f} in "
           f"phase 2 at the roofline step times {args.roofline_ms} ms):", flush=True)

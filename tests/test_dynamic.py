@@ -161,7 +161,10 @@ def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     with pytest.raises(ValueError, match="no document with a non-empty sentence"):
         document_shards.tokenize_documents([[], ["", "  "]], tok, str(tmp_path / "empty"))
-    document_shards.tokenize_documents([["One lonely sentence.", "And another."]], tok, str(tmp_path / "one"))
+    meta = document_shards.tokenize_documents([[], ["One lonely sentence.", "And another."], ["", " \t"]], tok,
+                                              str(tmp_path / "one"))
+    assert meta["num_documents"] == 1 and meta["skipped"]["empty_documents"] == 2
+    assert meta["skipped"]["empty_sentences"] == 2
     with pytest.raises(ValueError, match="1 document"):
         next(_iterator(tmp_path / "one"))
     with pytest.raises(ValueError, match="give max_seq_length and max_predictions_per_seq"):

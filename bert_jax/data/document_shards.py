@@ -14,12 +14,13 @@ Directory layout:
 
 Record (little-endian int32): [num_sentences, sentence_lengths[num_sentences], token ids[sum of lengths]].
 
-Document order: the corpus's j-th kept document (empty sentences and documents without a sentence are
-dropped and counted) is record j // n of shard j % n, so document indices follow the corpus whatever the
+Document order: the corpus's j-th kept document (sentences without a token and documents left without a
+sentence are dropped and counted in metadata "skipped") is record j // n of shard j % n, so document indices follow the corpus whatever the
 shard count, and a shard never has to hold a document whole in memory but its own record. Tokenization
 runs in `num_workers` processes on batches of documents, written in corpus order: the output depends on
 the corpus, vocabulary and shard count only. Memory is bounded by the batches in flight (2 per worker),
-not by the corpus.
+not by the corpus. A document is one record however long (a book of a million tokens is a 4 MB record),
+so no document is split between shards.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def _init_worker(tokenizer) -> None:
 
 
 def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes], int, int, np.ndarray]:
-    """Documents -> (records of the documents keeping a sentence, sentences dropped as empty, sentences kept,
-    token ids' counts int64 [V])."""
+    """Documents -> (records of the documents keeping a sentence (the others are dropped), sentences dropped
+    as empty, sentences kept, token ids' counts int64 [V])."""
     tokenizer = _WORKER["tokenizer"]
     flat, lengths = tokenizer.encode_batch_flat([s for document in batch for s in document])
     records, dropped, kept_sentences = [], 0, 0
@@ -112,9 +113,11 @@ def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes], int, int, np.n
     return records, dropped, kept_sentences, np.bincount(flat, minlength=tokenizer.vocab_size)
 
 
-def _batches(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
+def _batches(documents: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[list[str]]]:
+    """Documents in batches of about BATCH_SENTENCES sentences; counts["documents"] counts every document read."""
     batch, size = [], 0
     for document in documents:
+        counts["documents"] += 1
         if not document:
             continue
         batch.append(list(document))
@@ -176,9 +179,10 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
         shard_documents = [0] * num_shards
         counts = np.zeros(tokenizer.vocab_size, np.int64)
         num_documents = num_sentences = dropped = 0
+        read = collections.Counter()
         try:
             for records, batch_dropped, batch_sentences, batch_counts in _in_order(
-                    _batches(documents), num_workers, tokenizer):
+                    _batches(documents, read), num_workers, tokenizer):
                 for record in records:
                     writers[num_documents % num_shards].write(record)
                     shard_documents[num_documents % num_shards] += 1
@@ -204,7 +208,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
             "num_sentences": num_sentences,
             "num_tokens": int(counts.sum()),
             "skipped": {"invalid_utf8_lines": getattr(read_stats, "invalid_utf8_lines", 0),
-                        "empty_sentences": dropped},
+                        "empty_sentences": dropped, "empty_documents": read["documents"] - num_documents},
             "vocab_size": tokenizer.vocab_size,
             "vocab_sha256": tokenizer.vocab_sha256,
             "do_lower_case": tokenizer.do_lower_case,
