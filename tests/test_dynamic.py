@@ -76,6 +76,8 @@ def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_di
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"documents-00000-of-00001.array_record: not a readable ArrayRecord file"):
         document_shards.check(str(one), meta)
+    with pytest.raises(ValueError, match=r"documents-00000-of-00001.array_record: not a readable ArrayRecord file"):
+        _iterator(one, packing=True)
     shard.write_bytes(data)
     with pytest.raises(ValueError, match=r"holds \d+ documents, metadata.json records 1000"):
         document_shards.check(str(one), dict(meta, shard_documents=[1000]))

@@ -305,6 +305,14 @@ def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
     meta = pt.create_pretraining_data(iter(docs), tokenizer, str(tmp_path / "out"), dupe_factor=2, read_stats=stats)
     _check_layout(_load(tmp_path / "out"), tokenizer, 128, 20)
     assert meta["input_lines"] == len(docs)
+    from bert_jax.data import document_shards  # the same documents, tokenized once for dynamic instances
+
+    docs_meta = document_shards.tokenize_documents(iter(docs), tokenizer, str(tmp_path / "docs"), num_shards=2)
+    stored = document_shards.Documents(str(tmp_path / "docs"))
+    assert docs_meta["num_documents"] == len(stored) == len(docs)
+    tokens, starts = stored[len(docs) - 1]
+    want = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(s)) for s in docs[-1]]
+    assert [list(tokens[a:b]) for a, b in zip(starts[:-1], starts[1:])] == [w for w in want if w]
     with pytest.raises(ValueError, match="--tfds_text_key 'body'"):
         list(corpus.read_tfds_documents("sample_corpus", "train", "body", str(tmp_path / "tfds"), stats))
 

@@ -311,6 +311,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
     if documents:
         if max_seq_length is None or max_predictions_per_seq is None:
             raise ValueError(f"{path} holds tokenized documents: give max_seq_length and max_predictions_per_seq")
+        document_shards.check(path, metadata)  # here, not in a reading thread
         flags = {"max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq}
     else:
         if metadata.get("format_version") != pretraining.FORMAT_VERSION:
