@@ -53,7 +53,7 @@ def test_tokenized_documents_metadata(gutenberg, data_dir):
     assert meta["num_tokens"] == counts.sum()
 
 
-def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_dir, tmp_path):
+def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_dir, tmp_path, monkeypatch):
     """Tokenizing in one process into one shard gives the documents (and so the dynamic batches) of the
     session fixture's two shards; a truncated or corrupt shard, a missing one, or a document count that
     disagrees with metadata.json is a one-line error naming the shard."""
@@ -61,6 +61,7 @@ def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_di
     one = tmp_path / "one"
     document_shards.tokenize_documents(corpus.read_sentence_documents(
         [str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()), tok, str(one), num_shards=1)
+    monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)  # a small corpus: a window of a few epochs
     a, b = document_shards.Documents(str(one)), document_shards.Documents(str(documents))
     assert len(a) == len(b) > 2
     for d in range(len(a)):
@@ -202,10 +203,11 @@ def test_log_prior_of_documents_is_the_tokens_unigram(documents):
         pretraining.masked_token_log_prior(str(documents), 100)
 
 
-def test_filled_rows_keep_their_instances_and_add_valid_ones(documents):
+def test_filled_rows_keep_their_instances_and_add_valid_ones(documents, monkeypatch):
     """dynamic.FillRows on packed rows of the sample text: the packer's instances are untouched, each
     filler is a well-formed instance ([CLS] A [SEP] B [SEP], types, masked positions inside it) at most
     the room left, placed only where MIN_FILL tokens were free, padding falls, and the same row is filled the same way."""
+    monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)
     kw = dict(global_batch_size=16, packing=True, num_packing_bins=16, seed=5)
     plain = list(itertools.islice(_iterator(documents, fill_rows=False, **kw), 4))
     filled = list(itertools.islice(_iterator(documents, **kw), 4))
