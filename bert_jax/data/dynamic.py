@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import zlib
 
 import grain
 import numpy as np
@@ -45,7 +46,7 @@ class _DrawInstances(grain.transforms.Map):
         self._path, self._options, self._seed, self._lower = path, options, seed, do_lower_case
         self._store = self._vocab = None
 
-    def __getstate__(self):  # pickled into grain workers without the memory maps
+    def __getstate__(self):  # pickled into grain workers without open documents
         return {**self.__dict__, "_store": None, "_vocab": None}
 
     def open(self) -> None:
@@ -87,8 +88,6 @@ class FillRows(grain.transforms.Map):
         self._options, self._seed, self._max_instances = options, seed, max_instances
 
     def map(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import zlib
-
         draw = self._draw
         draw.open()
         row = {k: v.copy() for k, v in row.items()}

@@ -56,7 +56,8 @@ every worker_count, but grain's state is not, so a run resumes with the worker_c
 Tokenized documents (a directory of `bert_jax.data.dynamic`, `create_pretraining_data --tokenize_only`):
 the instances are drawn while reading (`dynamic.instance_stream`: documents shuffled per epoch and split
 between processes, each drawn with rng (seed, epoch, document), a window shuffle), then batched or packed
-as above; the state is grain's, as for packing.
+as above; packed rows then get their free room filled (`fill_rows`, `dynamic.FillRows`: a stateless map
+seeded by each row's content); the state is grain's, as for packing.
 
 Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_prefetch and
 `grain.checkpoint.CheckpointSave/CheckpointRestore`); the batch fields are those of google-research/bert
