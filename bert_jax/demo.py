@@ -200,8 +200,9 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
         print(f"[3/6] tokenized documents: {metas[0]['num_documents']} documents, {metas[0]['num_tokens']} tokens -> "
               f"{config.phases[0].data_dir} (instances drawn while training, lengths "
               f"{' then '.join(str(p.max_seq_length) for p in config.phases)}, packed)", flush=True)
-    for p, meta in zip(config.phases, metas if not dynamic else []):
-        print(f"[3/6] instances: length {p.max_seq_length}: {meta['num_instances']} -> {p.data_dir}", flush=True)
+    else:
+        for p, meta in zip(config.phases, metas):
+            print(f"[3/6] instances: length {p.max_seq_length}: {meta['num_instances']} -> {p.data_dir}", flush=True)
 
     # 4. pre-training, both phases in one run, 8 simulated devices
     pretrain_dir = os.path.join(workdir, "pretrain")

@@ -174,13 +174,14 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
     work = os.path.join(output_dir, f".work-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
     names = shard_names(num_shards)
+    writers = []
     try:
-        writers = [ArrayRecordWriter(os.path.join(work, n), "group_size:1,uncompressed") for n in names]
         shard_documents = [0] * num_shards
         counts = np.zeros(tokenizer.vocab_size, np.int64)
         num_documents = num_sentences = dropped = 0
         read = collections.Counter()
         try:
+            writers.extend(ArrayRecordWriter(os.path.join(work, n), "group_size:1,uncompressed") for n in names)
             for records, batch_dropped, batch_sentences, batch_counts in _in_order(
                     _batches(documents, read), num_workers, tokenizer):
                 for record in records:
@@ -243,18 +244,14 @@ def check(path: str, metadata: dict) -> None:
 
 
 def _open(path: str, metadata: dict) -> list:
-    """One grain ArrayRecordDataSource per shard, checked against metadata's counts (errors as `check`)."""
-    import grain
+    """One grain ArrayRecordDataSource per shard (`pipeline.open_shard`), checked against metadata's counts
+    (errors as `check`)."""
+    from bert_jax.data import pipeline
 
     sources = []
     for name, expected in zip(metadata["shards"], metadata["shard_documents"], strict=True):
         shard = storage.join(path, name)
-        if not storage.is_file(shard):
-            raise FileNotFoundError(f"{shard}: shard listed in {METADATA_NAME} is missing")
-        try:
-            source = grain.sources.ArrayRecordDataSource([shard])
-        except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
-            raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
+        source = pipeline.open_shard(shard)
         if len(source) != expected:
             raise ValueError(f"{shard}: holds {len(source)} documents, {METADATA_NAME} records {expected}")
         sources.append(source)

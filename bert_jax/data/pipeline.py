@@ -237,6 +237,21 @@ def _decode_unpadded(record: bytes, max_seq_length: int, max_predictions_per_seq
     return packing.unpad(pretraining.decode_instance(record, max_seq_length, max_predictions_per_seq))
 
 
+def open_shard(shard: str) -> "grain.sources.ArrayRecordDataSource":
+    """One ArrayRecord file that a metadata.json lists, opened alone.
+
+    Raises:
+      FileNotFoundError: it is missing.
+      ValueError: ArrayRecord cannot open it (truncated or corrupt; the message names it).
+    """
+    if not storage.is_file(shard):
+        raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
+    try:
+        return grain.sources.ArrayRecordDataSource([shard])
+    except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
+        raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
+
+
 def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSource":
     """The ArrayRecord shards that `metadata` (the directory's metadata.json) lists, checked complete.
 
@@ -251,12 +266,9 @@ def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSour
             raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
     try:
         source = grain.sources.ArrayRecordDataSource(shards)
-    except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
+    except Exception:  # array_record raises a bare RuntimeError: find the shard and name it
         for shard in shards:
-            try:
-                grain.sources.ArrayRecordDataSource([shard])
-            except Exception:
-                raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
+            open_shard(shard)
         raise
     if len(source) != metadata["num_instances"] or len(source) == 0:
         raise ValueError(f"{path}: shards hold {len(source)} records, metadata.json "
