@@ -5,6 +5,10 @@ regression with one label), `BertForMultipleChoice` (SWAG, section 4.4) and `Ber
 (CoNLL-2003 NER, section 5.3). Each is `bert` (`modeling.BertModel`) plus a dense layer; parameter names
 and layouts are those `bert_jax.convert` maps to and from Hugging Face. Shapes use `bert_jax.modeling`'s
 dimension key (B batch, L length, D hidden_size, C classes, K choices).
+
+The two heads on the pooled output (classification, multiple choice) ask the encoder for the [CLS] state
+only (`cls_position`): its last layer then computes one row per sequence instead of L, the logits
+unchanged (the classification analogue of the sparse MLM head).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ class ClassificationOutput:
     """Outputs of `BertForSequenceClassification`: logits [B, C] float32."""
 
     logits: Array
+
+
+def cls_position(input_ids: Array) -> Array:
+    """int32 [B, 1] zeros: the [CLS] position, the only last-layer state a pooled-output head reads
+    (`BertModel`'s output_positions: its last layer then runs at [CLS] alone; the logits are unchanged)."""
+    return jnp.zeros((input_ids.shape[0], 1), jnp.int32)
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -76,7 +86,8 @@ class BertForSequenceClassification(nn.Module):
             (`BertModel`).
           flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
         """
-        out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
+        out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic,
+                                                  output_positions=cls_position(input_ids))
         pooled = dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
         logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
         return ClassificationOutput(logits=logits.astype(jnp.float32))
@@ -135,8 +146,9 @@ class BertForMultipleChoice(nn.Module):
         def flat(x):  # [B, K, L] -> [B * K, L]
             return None if x is None else x.reshape(-1, input_ids.shape[-1])
 
-        out = BertModel(self.config, name="bert")(flat(input_ids), flat(token_type_ids), flat(attention_mask),
-                                                  deterministic)
+        ids = flat(input_ids)
+        out = BertModel(self.config, name="bert")(ids, flat(token_type_ids), flat(attention_mask), deterministic,
+                                                  output_positions=cls_position(ids))
         pooled = dropout(self.config, self.config.hidden_dropout_prob, out.pooled_output, deterministic)
         scores = dense(self.config, 1, ("embed", "classes"), "choice_classifier")(pooled)  # [B * K, 1]
         logits = scores.astype(jnp.float32).reshape(rows if input_ids.ndim == 3 else rows + (1,))

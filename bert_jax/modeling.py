@@ -191,12 +191,16 @@ class BertSelfAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> Array:
-        """x: [B, L, D]; mask: (bias, segments) -> [B, L, D].
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool,
+                 positions: Array | None = None) -> Array:
+        """x: [B, L, D]; mask: (bias, segments) -> [B, L, D] ([B, Q, D] with positions).
 
         mask: bias float32 [B, 1, 1, L] (0 real key, very negative padding), or [B, 1, L, L] for packed rows
         (`segment_mask_bias`); segments int32 [B, L], the same mask as segment ids (the attention_mask, or
         a packed row's segment_ids) for a kernel set with its own attention (`bert_jax.kernels.splash`).
+        positions: int32 [B, Q] or None: the queries are the tokens at these positions only (keys and
+        values are still every token), so the output holds their rows, equal to the full output's rows
+        there. A kernel set's own attention computes every row and then takes these.
 
         Scaled dot-product attention (Vaswani et al. 2017, section 3.2): softmax(q k^T / sqrt(H) + mask_bias) v
         per head. x (any float dtype) is cast to config.dtype; scores and softmax are float32; the output is
@@ -213,36 +217,47 @@ class BertSelfAttention(nn.Module):
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
         batch, length = x.shape[:2]
-        tokens = x.reshape(batch * length, d).astype(dtype)  # [B*L, D]
+        kernel = _kernels(c).attention
+        # Queries at `positions` only (the last layer when only some outputs are read), unless a kernel
+        # set's own attention computes every row (the rows are taken after it).
+        sparse = positions is not None and kernel is None
+        queries = gather_positions(x, positions) if sparse else x  # [B, Q, D]
+        rows = queries.shape[1]
 
         # Kernels are [D, N, H] (heads on their own logical axis), multiplied as their free [D, N*H]
         # view over the flattened tokens, then one transpose to heads-major [B, N, L, H].
-        def project(name):
+        def project(name, inputs):
+            tokens = inputs.reshape(-1, d).astype(dtype)  # [B*L, D]
             kernel = _param(self, f"{name}_kernel", _init(c), (d, n, h), ("embed", "heads", "kv"))
             bias = _param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
             y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype)) + bias.reshape(n * h).astype(dtype)
-            y = y.reshape(batch, length, n, h).transpose(0, 2, 1, 3)
+            y = y.reshape(batch, inputs.shape[1], n, h).transpose(0, 2, 1, 3)
             return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv"))
 
-        query, key, value = project("query"), project("key"), project("value")
+        query, key, value = project("query", queries), project("key", x), project("value", x)
         mask_bias, segments = mask
-        kernel = _kernels(c).attention
         if kernel is not None:  # the kernel set's attention, e.g. splash (no attention dropout)
             if c.attention_probs_dropout_prob > 0 and not deterministic:
                 raise ValueError(f"model.kernels={c.kernels!r} has no attention-probability dropout: set "
                                  f"attention_probs_dropout_prob=0 (it is {c.attention_probs_dropout_prob})")
             context = kernel((query / math.sqrt(h)).astype(dtype), key, value, segments)
         else:
+            if sparse and mask_bias.shape[2] > 1:  # a packed row's [B, 1, L, L] bias: the queries' rows
+                mask_bias = jnp.take_along_axis(mask_bias, positions[:, None, :, None].astype(jnp.int32), axis=2)
             scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
-            probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, L, L] float32
+            probs = jax.nn.softmax(scores / math.sqrt(h) + mask_bias, axis=-1)  # [B, N, Q, L] float32
             probs = dropout(c, c.attention_probs_dropout_prob, probs, deterministic)
-            context = jnp.matmul(probs.astype(dtype), value)  # [B, N, L, H]
+            context = jnp.matmul(probs.astype(dtype), value)  # [B, N, Q, H]
         context = nn.with_logical_constraint(context, ("batch", "heads", "length", "kv"))
-        context = context.transpose(0, 2, 1, 3).reshape(batch * length, n * h)  # [B*L, N*H]
+        context = context.transpose(0, 2, 1, 3)  # [B, Q, N, H]
+        if positions is not None and not sparse:
+            context = gather_positions(context.reshape(batch, length, n * h), positions)
+            rows = positions.shape[1]
+        context = context.reshape(batch * rows, n * h)  # [B*Q, N*H]
         out_kernel = _param(self, "output_kernel", _init(c), (n, h, d), ("heads", "kv", "embed"))
         out_bias = _param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
         out = jnp.dot(context, out_kernel.reshape(n * h, d).astype(dtype)) + out_bias.astype(dtype)
-        return out.reshape(batch, length, d)
+        return out.reshape(batch, rows, d)
 
 
 class BertLayer(nn.Module):
@@ -256,10 +271,18 @@ class BertLayer(nn.Module):
     return_state: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool) -> tuple[Array, Array | None]:
-        """x: [B, L, D]; mask as `BertSelfAttention` -> ([B, L, D], [B, L, D] or None)."""
+    def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool,
+                 positions: Array | None = None) -> tuple[Array, Array | None]:
+        """x: [B, L, D]; mask as `BertSelfAttention` -> ([B, L, D], [B, L, D] or None).
+
+        positions: int32 [B, Q] or None: compute the layer's output at these positions only ([B, Q, D], the
+        full output's rows there): keys and values from every token, queries, the residuals, LayerNorms and
+        the feed-forward block at Q rows (the last layer when a head reads only some outputs).
+        """
         c = self.config
-        attn = BertSelfAttention(c, name="attention")(x, mask, deterministic)
+        attn = BertSelfAttention(c, name="attention")(x, mask, deterministic, positions)
+        if positions is not None:
+            x = gather_positions(x, positions)
         x = _layer_norm(c, "attention_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, attn, deterministic))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", _kernels(c).dot_general)(x)
@@ -277,14 +300,25 @@ class BertEncoder(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask: tuple[Array, Array], deterministic: bool,
-                 output_hidden_states: bool = False) -> Array | tuple[Array, tuple[Array, ...]]:
+                 output_hidden_states: bool = False,
+                 positions: Array | None = None) -> Array | tuple[Array, tuple[Array, ...]]:
         """x: [B, L, D]; mask as `BertSelfAttention` -> [B, L, D].
 
         With output_hidden_states, returns ([B, L, D], hidden_states): hidden_states is x followed by
         each layer's output, num_hidden_layers + 1 arrays [B, L, D] (both layer layouts; the scanned
         one stacks them under `nn.scan`). The parameters are the same either way.
+
+        positions: int32 [B, Q] or None: only the last layer's outputs at these positions are wanted, and
+        the result is [B, Q, D]: the last layer computes them alone (`BertLayer`'s positions) in the
+        loop layout; the scanned layout computes every row and takes these.
+
+        Raises:
+          ValueError: positions with output_hidden_states.
         """
         c = self.config
+        if positions is not None and output_hidden_states:
+            raise ValueError("output positions and output_hidden_states exclude each other: hidden states are "
+                             "every token's")
         layer_cls = BertLayer
         if c.remat_policy != "none":  # argument 3 (deterministic, after self, x, mask) is static
             layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
@@ -295,11 +329,12 @@ class BertEncoder(nn.Module):
                             metadata_params={nn.PARTITION_NAME: "layers"})
             out, stacked = stack(c, output_hidden_states, name="layers")(x, mask, deterministic)
             if not output_hidden_states:
-                return out
+                return out if positions is None else gather_positions(out, positions)
             return out, (x, *(stacked[i] for i in range(c.num_hidden_layers)))
         states = [x]
         for i in range(c.num_hidden_layers):
-            x, _ = layer_cls(c, name=f"layer_{i}")(x, mask, deterministic)
+            last = i == c.num_hidden_layers - 1
+            x, _ = layer_cls(c, name=f"layer_{i}")(x, mask, deterministic, positions if last else None)
             states.append(x)
         return (x, tuple(states)) if output_hidden_states else x
 
@@ -353,7 +388,8 @@ class BertModel(nn.Module):
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, deterministic: bool = True,
                  output_hidden_states: bool = False, segment_ids: Array | None = None,
-                 position_ids: Array | None = None, pooled_positions: Array | None = None) -> BertOutput:
+                 position_ids: Array | None = None, pooled_positions: Array | None = None,
+                 output_positions: Array | None = None) -> BertOutput:
         """Encodes a batch.
 
         Args:
@@ -368,16 +404,22 @@ class BertModel(nn.Module):
             only to tokens of its own segment (`segment_mask_bias`).
           position_ids: int32 [B, L] position-table rows (packed rows: restarting at 0 in each instance);
             None: 0..L-1.
-          pooled_positions: int32 [B, K], the pooler's inputs (each packed instance's [CLS]); None: [CLS]
-            at 0 only.
+          pooled_positions: int32 [B, K], the pooler's inputs as rows of sequence_output (each packed
+            instance's [CLS]); None: row 0 only ([CLS]).
+          output_positions: int32 [B, Q], positions in [0, L) whose last-layer states are all a head reads
+            (e.g. [CLS] for a classifier): the last layer then computes those rows only (its queries,
+            feed-forward block and LayerNorms; keys and values from every token), as the MLM head runs
+            only at the masked positions, and sequence_output is [B, Q, D], row q the full
+            sequence_output's row at output_positions[:, q]. None: every position.
 
         Returns:
-          BertOutput with sequence_output [B, L, D] and pooled_output [B, D] (config.dtype), and
-          hidden_states (num_hidden_layers + 1 arrays [B, L, D]: embeddings, then each layer) when
-          output_hidden_states, else None.
+          BertOutput with sequence_output [B, L, D] ([B, Q, D] with output_positions) and pooled_output
+          [B, D] (config.dtype), and hidden_states (num_hidden_layers + 1 arrays [B, L, D]: embeddings,
+          then each layer) when output_hidden_states, else None.
 
         Raises:
-          ValueError: for a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes.
+          ValueError: for a non-2-D input_ids, a length over max_position_embeddings or mismatched shapes;
+            output_positions not [B, Q], or with output_hidden_states.
         """
         _check_inputs(self.config, input_ids, token_type_ids, attention_mask, segment_ids, position_ids)
         if token_type_ids is None:
@@ -388,7 +430,11 @@ class BertModel(nn.Module):
             attention_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
             mask = (attention_mask_bias(attention_mask), attention_mask)
         x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
-        x = self.encoder(x, mask, deterministic, output_hidden_states)
+        if output_positions is not None and (output_positions.ndim != 2
+                                             or output_positions.shape[0] != input_ids.shape[0]):
+            raise ValueError(f"output_positions must be [batch, positions] with batch {input_ids.shape[0]}, got "
+                             f"shape {output_positions.shape}")
+        x = self.encoder(x, mask, deterministic, output_hidden_states, output_positions)
         x, hidden_states = x if output_hidden_states else (x, None)
         first = x[:, 0] if pooled_positions is None else gather_positions(x, pooled_positions)  # [B, D] / [B, K, D]
         pooled = jnp.tanh(self.pooler(first)) if self.add_pooling_layer else None

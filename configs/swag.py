@@ -30,9 +30,12 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.max_train_examples = 0  # train only on the first N training examples (0 = all)
     config.max_seq_length = 128  # tokens per choice sequence
     # Dynamic padding (finetune.Padding): each batch padded to its longest sequence rounded up to a
-    # multiple of length_buckets tokens (at most max_seq_length: one compiled program per length);
-    # 0 = every batch at max_seq_length (fixed padding)
-    config.length_buckets = 8
+    # bucket length (one compiled program per length): at most max_length_buckets multiples of
+    # length_buckets tokens, placed where the training batches' lengths waste the fewest padded tokens
+    # (finetune.placed_buckets; max_length_buckets=0: every multiple); length_buckets=0: every batch at
+    # max_seq_length (fixed padding)
+    config.length_buckets = 1
+    config.max_length_buckets = 12
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
     config.train_batch_size = 16  # paper: 16 (examples, each of 4 sequences)
     config.eval_batch_size = 64

@@ -3,6 +3,7 @@ of before, bucketed logits = full-length logits per example, predictions in the 
 compiled program per bucket, training curves unchanged by the cut (dropout off)."""
 
 import dataclasses
+import itertools
 
 import jax
 import numpy as np
@@ -82,11 +83,43 @@ def test_configs_and_the_off_switch():
     """GLUE, NER and SWAG pad dynamically by default; length_buckets=0 is fixed padding whatever
     group_by_length says; SQuAD's config has no such fields: fixed."""
     for config in (glue_config.get_config("sst2"), ner_config.get_config(), swag_config.get_config()):
-        assert finetune.Padding.from_config(config) == finetune.Padding(finetune.bucket_lengths(128, 8), True)
+        assert finetune.Padding.from_config(config) == finetune.Padding(tuple(range(1, 129)), True, max_buckets=12)
         config.length_buckets = 0
         assert finetune.Padding.from_config(config) == finetune.FIXED == finetune.Padding()
     from configs import squad as squad_config
     assert finetune.Padding.from_config(squad_config.get_config()) == finetune.FIXED
+
+
+def test_placed_buckets_are_the_best_subset():
+    """placed_buckets against every subset of the candidates (brute force), on random batch lengths."""
+    rng = np.random.default_rng(0)
+    candidates = (3, 5, 8, 10, 13, 16)
+    for trial in range(20):
+        lengths = rng.integers(1, 17, size=rng.integers(1, 30))
+        rows = rng.integers(1, 9, size=len(lengths))
+        for count in (1, 2, 3, 6):
+            chosen = finetune.placed_buckets(lengths, rows, candidates, count)
+            cost = lambda b: int((rows * np.asarray(b)[np.searchsorted(b, lengths)]).sum())
+            best = min(cost(s) for n in range(1, count + 1) for s in itertools.combinations(candidates, n)
+                       if s[-1] >= lengths.max())
+            assert len(chosen) <= count and set(chosen) <= set(candidates) and cost(chosen) == best, (trial, count)
+            assert chosen[-1] == min(c for c in candidates if c >= lengths.max())
+    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2) == (5, 10)  # 2 * (5 + 5 + 10)
+    with pytest.raises(ValueError, match="max_length_buckets=0: need >= 1"):
+        finetune.placed_buckets(np.array([4]), 1, candidates, 0)
+
+
+def test_placed_padding_covers_the_steps_fit_draws():
+    """Padding.placed chooses at most max_buckets lengths over the batches of the steps fit runs (two
+    epochs here), and those batches then use only those lengths."""
+    arrays = _arrays(203, lo=1, hi=L)
+    padding = finetune.Padding(tuple(range(1, L + 1)), group_by_length=True, group_size=4, max_buckets=3)
+    placed = padding.placed(arrays, 8, seed=1, num_steps=40)
+    assert len(placed.buckets) == 3 and placed.max_buckets == 3
+    used = {b["input_ids"].shape[1] for epoch in (0, 1)
+            for b, _, _ in finetune.local_batches(arrays, 8, seed=1 + epoch, drop_remainder=True, padding=placed)}
+    assert used <= set(placed.buckets) and max(used) == max(placed.buckets)
+    assert finetune.Padding(BUCKETS).placed(arrays, 8, seed=1, num_steps=40) == finetune.Padding(BUCKETS)
 
 
 @pytest.mark.parametrize("seed,drop_remainder", [(3, True), (None, False)])
@@ -183,10 +216,14 @@ def test_multiple_choice_bucketed_predictions(mesh):
     np.testing.assert_allclose(ours.logits, fixed.logits, atol=1e-5, rtol=1e-5)
 
 
-def test_training_same_loss_and_one_program_per_bucket(mesh):
+def test_training_same_loss_and_one_program_per_bucket(mesh, monkeypatch):
     """NER-style token classification (labels and weights [N, L], cut with the inputs), dropout off:
     the bucketed batches train exactly as the fixed ones (same rows, same order: same losses within
-    1e-5); with grouping on as well, the step compiled at most one program per bucket."""
+    1e-5); with grouping on as well, the step compiled one program per bucket used, all before the first
+    step (`_compile_ahead`), none on the way."""
+    programs = []
+    compile_ahead = finetune._compile_ahead
+    monkeypatch.setattr(finetune, "_compile_ahead", lambda *a: programs.append(compile_ahead(*a)) or programs[-1])
     arrays = _arrays(96, seed=5, lo=2, hi=L, skew=True)
     model = heads.BertForTokenClassification(_config(), num_labels=3)
     config = ner_config.get_config()
@@ -201,13 +238,13 @@ def test_training_same_loss_and_one_program_per_bucket(mesh):
                                   log_every=1, padding=padding)
         curves.append([h["loss"] for h in history])
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
-    ungrouped = step_fn._cache_size()
+    assert programs[0] == {} and step_fn._cache_size() == 0  # fixed: none ahead; bucketed: all ahead, none in the loop
     used = {b["input_ids"].shape[1] for b, _, _ in finetune.local_batches(arrays, 16, seed=0, drop_remainder=True,
                                                                           padding=finetune.Padding(BUCKETS))}
-    assert ungrouped == len(used) > 1
-    state, _ = _steps(model, loss_fn, mesh, config)
+    assert {shape[1] for shape in programs[1]} == used and len(used) > 1
+    state, (step_fn, _) = _steps(model, loss_fn, mesh, config)
     grouped = dataclasses.replace(finetune.Padding(BUCKETS), group_by_length=True, group_size=2)
     finetune.fit(state, step_fn, arrays, batch_size=16, num_train_steps=6, seed=0, mesh=mesh, padding=grouped)
-    used |= {b["input_ids"].shape[1] for b, _, _ in
-             finetune.local_batches(arrays, 16, seed=0, drop_remainder=True, padding=grouped)}
-    assert step_fn._cache_size() == len(used) and used <= set(BUCKETS)
+    used = {b["input_ids"].shape[1] for b, _, _ in
+            finetune.local_batches(arrays, 16, seed=0, drop_remainder=True, padding=grouped)}
+    assert {shape[1] for shape in programs[2]} == used <= set(BUCKETS) and step_fn._cache_size() == 0

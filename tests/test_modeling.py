@@ -169,6 +169,40 @@ def test_padding_does_not_change_real_tokens(kernel_set):
     np.testing.assert_allclose(out2.pooled_output, out.pooled_output, atol=1e-5)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_output_positions_equal_the_full_rows(kernel_set, scan):
+    """The last layer at some positions only (output_positions) = the full encoder's rows there: states,
+    pooled output and the gradients of a loss on them; padded and packed rows."""
+    tiny = TINY.replace(kernels=kernel_set, scan_layers=scan)
+    x = _inputs()
+    params = convert.init_params(tiny.replace(scan_layers=False), seed=6)["bert"]
+    if scan:
+        params = convert.stack_layers({"bert": params}, tiny.num_hidden_layers)["bert"]
+    model = modeling.BertModel(tiny)
+    rng = np.random.default_rng(8)
+    positions = jnp.asarray(np.concatenate([np.zeros((B, 1)), rng.integers(0, L, (B, 3))], 1), jnp.int32)
+    segments = jnp.asarray(np.sort(rng.integers(0, 3, (B, L)), axis=1)[:, ::-1].copy(), jnp.int32)
+    for packed in ({}, {"segment_ids": segments}):
+        args = (x["input_ids"], x["token_type_ids"], x["attention_mask"])
+
+        def rows(p, sparse):
+            if sparse:
+                out = model.apply({"params": p}, *args, output_positions=positions, **packed)
+                return out.sequence_output, out.pooled_output
+            out = model.apply({"params": p}, *args, **packed)
+            return modeling.gather_positions(out.sequence_output, positions), out.pooled_output
+
+        (seq_full, pooled_full), (seq, pooled) = rows(params, False), rows(params, True)
+        assert seq.shape == (B, 4, 32)
+        np.testing.assert_allclose(seq, seq_full, atol=1e-5)
+        np.testing.assert_allclose(pooled, pooled_full, atol=1e-5)
+        grad = lambda sparse: jax.grad(lambda p: sum(jnp.sum(jnp.sin(a)) for a in rows(p, sparse)))(params)
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                               grad(True), grad(False))
+    with pytest.raises(ValueError, match="output_positions must be"):
+        model.apply({"params": params}, x["input_ids"], output_positions=positions[0])
+
+
 def test_mlm_logits_only_at_masked_positions(kernel_set):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()

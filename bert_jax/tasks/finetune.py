@@ -32,6 +32,7 @@ length_buckets=0 gives the fixed-length batches (every batch at max_seq_length) 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -311,6 +312,53 @@ def bucket_lengths(max_seq_length: int, multiple: int) -> tuple[int, ...]:
     return tuple(range(multiple, max_seq_length, multiple)) + (max_seq_length,)
 
 
+def placed_buckets(batch_lengths: np.ndarray, rows: np.ndarray | int, candidates: tuple[int, ...],
+                   count: int) -> tuple[int, ...]:
+    """At most `count` of the `candidates` lengths, chosen so that batches of these longest sequences hold
+    the fewest padded tokens: sum over batches of rows * (smallest chosen length >= its longest), minimal
+    (exact dynamic programming over the candidates, O(count * K^2) for K candidates used).
+
+    Args:
+      batch_lengths: int [M], each batch's longest sequence (`sequence_lengths` of its rows, max).
+      rows: int [M] or a scalar, the batches' row counts (the token cost of a length per batch).
+      candidates: ascending ints, the lengths allowed (`bucket_lengths`); the last >= every batch length.
+      count: int >= 1.
+
+    Returns:
+      ascending tuple of at most `count` candidates, the last the smallest candidate >= every batch's
+      length; () for no batches.
+
+    Raises:
+      ValueError: count < 1, or a batch longer than every candidate.
+    """
+    if count < 1:
+        raise ValueError(f"max_length_buckets={count}: need >= 1")
+    batch_lengths = np.asarray(batch_lengths)
+    if not batch_lengths.size:
+        return ()
+    used = np.unique(bucket_of(batch_lengths, candidates))  # a best choice uses only lengths some batch needs
+    weight = np.zeros(len(used))
+    np.add.at(weight, np.searchsorted(used, bucket_of(batch_lengths, candidates)),
+              np.broadcast_to(np.asarray(rows, np.float64), batch_lengths.shape))
+    below = np.concatenate([[0.0], np.cumsum(weight)])  # below[j]: rows of batches needing used[< j]
+    k = len(used)
+    # cost[c, j]: least tokens of the batches needing used[<= j] with c + 1 lengths, the largest used[j]
+    cost = np.full((min(count, k), k), np.inf)
+    back = np.zeros(cost.shape, np.int64)
+    cost[0] = used * below[1:]
+    for c in range(1, len(cost)):
+        for j in range(c, k):
+            options = cost[c - 1, :j] + used[j] * (below[j + 1] - below[1:j + 1])
+            back[c, j] = int(np.argmin(options))
+            cost[c, j] = options[back[c, j]]
+    c = int(np.argmin(cost[:, -1]))
+    chosen, j = [], k - 1
+    while c >= 0:
+        chosen.append(int(used[j]))
+        j, c = back[c, j], c - 1
+    return tuple(sorted(chosen))
+
+
 def sequence_lengths(attention_mask: np.ndarray) -> np.ndarray:
     """int64 [N]: per example 1 + the position of its last attended token (0 when it has none), the
     longest of its sequences for [N, ..., L] masks (SWAG's [N, 4, L]: the longest choice). Cutting the
@@ -351,22 +399,52 @@ class Padding:
         mode's rows, only cut. `predict` sorts by length whenever buckets are set and returns the
         outputs in the arrays' order.
       group_size: batches per sorted chunk (transformers' mega-batch multiplier, 50).
+      max_buckets: 0, or at most this many bucket lengths, placed on the training batches by `placed`
+        (`placed_buckets`: the fewest padded tokens for that many compiled programs).
     """
 
     buckets: tuple[int, ...] = ()
     group_by_length: bool = False
     group_size: int = GROUP_SIZE
+    max_buckets: int = 0
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "Padding":
-        """config.length_buckets (int spacing in tokens, 0 = fixed; `bucket_lengths`) and
-        config.group_by_length (bool) over config.max_seq_length; fixed for a config without them (SQuAD).
+        """config.length_buckets (int spacing in tokens, 0 = fixed; `bucket_lengths`),
+        config.max_length_buckets (int, 0 = every multiple of the spacing; else at most that many, placed
+        by `placed` on the training set) and config.group_by_length (bool) over config.max_seq_length;
+        fixed for a config without them (SQuAD).
 
         Raises:
-          ValueError: a negative length_buckets.
+          ValueError: a negative length_buckets or max_length_buckets.
         """
         buckets = bucket_lengths(config.max_seq_length, config.get("length_buckets", 0))
-        return cls(buckets, bool(config.get("group_by_length", False)) and bool(buckets))
+        max_buckets = config.get("max_length_buckets", 0)
+        if max_buckets < 0:
+            raise ValueError(f"max_length_buckets={max_buckets}: need >= 0 (0: every multiple of length_buckets)")
+        return cls(buckets, bool(config.get("group_by_length", False)) and bool(buckets),
+                   max_buckets=max_buckets if buckets else 0)
+
+    def placed(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int, num_steps: int) -> "Padding":
+        """With max_buckets, the padding whose buckets are at most max_buckets of these, placed on the
+        batches `fit(arrays, batch_size=..., seed=..., num_train_steps=num_steps)` draws (`placed_buckets`:
+        the fewest padded tokens over those steps); self otherwise. The largest bucket is the smallest
+        one holding the longest training batch; longer batches (in `predict`) take the arrays' full length.
+        """
+        if not self.max_buckets or not self.buckets:
+            return self
+        lengths = sequence_lengths(arrays["attention_mask"])
+        maxima, epoch = [], 0
+        while len(maxima) < num_steps:
+            rows = _batch_rows(len(lengths), batch_size, seed + epoch, True, self, lengths)
+            if not rows:
+                break
+            maxima.extend(int(lengths[r].max()) for r in rows[:num_steps - len(maxima)])
+            epoch += 1
+        candidates = tuple(b for b in self.buckets if b < arrays["attention_mask"].shape[-1]) + (
+            arrays["attention_mask"].shape[-1],)
+        return dataclasses.replace(self, buckets=placed_buckets(np.asarray(maxima, np.int64), batch_size,
+                                                                candidates, self.max_buckets) or self.buckets)
 
 
 FIXED = Padding()
@@ -441,6 +519,33 @@ def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, s
                 for k, v in arrays.items()}, real, rows)
 
 
+def _compile_ahead(step_fn: Callable, state: TrainState, arrays: Mapping[str, np.ndarray], batch_size: int,
+                   seed: int, num_steps: int, padding: Padding, mesh) -> dict[tuple[int, ...], Callable]:
+    """With length buckets, step_fn compiled for each batch shape the first num_steps steps of `fit` use,
+    several programs at once (XLA compiles outside the GIL, one thread per CPU): {local attention_mask
+    shape: compiled step}. {} without buckets (one shape: the first call compiles it)."""
+    if not padding.buckets or num_steps <= 0:
+        return {}
+    examples, steps, epoch = {}, 0, 0
+    while steps < num_steps:
+        drawn = 0
+        for local, _, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True, padding=padding):
+            examples.setdefault(local["attention_mask"].shape, local)
+            steps, drawn = steps + 1, drawn + 1
+            if steps == num_steps:
+                break
+        if not drawn:
+            break
+        epoch += 1
+
+    def build(local):
+        with jax.set_mesh(mesh):
+            return step_fn.lower(state, global_batch(local, mesh, tuple(local))).compile()
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(examples), os.cpu_count() or 1))) as pool:
+        return dict(zip(examples, pool.map(build, examples.values())))
+
+
 def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], *, batch_size: int,
         num_train_steps: int, seed: int, mesh, writer=None, log_every: int = 50,
         desc: str = "fine-tuning", padding: Padding = FIXED) -> tuple[TrainState, list[dict[str, float]]]:
@@ -454,7 +559,8 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
       batch_size: global rows per step, divisible by the process count and by data * fsdp.
       seed: the shuffle of epoch e uses seed + e.
       padding: `Padding`: fixed (default) or length buckets, optionally length-grouped batches; each
-        bucket length compiles step_fn once.
+        bucket length the run uses compiles step_fn once, all of them before the first step and several
+        at a time (`_compile_ahead`).
 
     Returns the final state and the logged metrics (step, loss, grad_norm, learning_rate,
     examples_per_second) every `log_every` steps and at the end.
@@ -469,15 +575,17 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         raise ValueError(f"{rows} training examples are fewer than one batch of train_batch_size={batch_size}")
     history = []
     is_main = jax.process_index() == 0
-    progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
     step, epoch, metrics = 0, 0, None
-    timer = engine.Chrono()
     with jax.set_mesh(mesh):
+        programs = _compile_ahead(step_fn, state, arrays, batch_size, seed, num_train_steps, padding, mesh)
+        progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
+        timer = engine.Chrono()
         while step < num_train_steps:
             for local, _, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True,
                                              padding=padding):
                 previous = metrics if step else None
-                state, metrics = step_fn(state, global_batch(local, mesh, tuple(local)))
+                program = programs.get(local["attention_mask"].shape, step_fn)
+                state, metrics = program(state, global_batch(local, mesh, tuple(local)))
                 if previous is not None:  # one step in flight: an honest progress bar, bounded memory
                     jax.block_until_ready(previous)
                 step += 1

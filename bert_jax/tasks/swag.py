@@ -84,6 +84,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     model = heads.BertForMultipleChoice(init.config)
     mesh = engine.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
+    # config.max_length_buckets: bucket lengths placed on the batches fit will draw
+    padding = padding.placed(train, config.train_batch_size, config.seed, num_train_steps)
     tx, schedule = finetune.create_optimizer(config, num_train_steps)
     state, shardings = finetune.create_state(model, tx, mesh, init, config.seed)
 
