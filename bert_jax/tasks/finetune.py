@@ -261,8 +261,6 @@ def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int):
 
 # ----------------------------------------------------------------------------- batching and dynamic padding
 
-# Bucket spacing of the GLUE / NER / SWAG configs' `length_buckets` (tokens): see `bucket_lengths`.
-DEFAULT_LENGTH_BUCKETS = 8
 # Batches per length-sorted chunk under group_by_length: transformers' LengthGroupedSampler mega-batch (50).
 GROUP_SIZE = 50
 
@@ -272,12 +270,12 @@ def bucket_lengths(max_seq_length: int, multiple: int) -> tuple[int, ...]:
     max_seq_length itself, e.g. (8, 16, ..., 120, 128) for (128, 8); () for multiple 0 (fixed padding:
     every batch at max_seq_length).
 
-    Why multiples of 8 (the configs' default): at fine-tuning lengths a step's time is close to linear
-    in the padded length (the projections and feed-forward dominate attention's L^2 part; MiniLM on a
-    2-core CPU: 143 ms at 32 x 16 tokens, 261 ms at 32 x 32), so the waste to minimise is padded tokens,
-    and each bucket used costs one compilation per step function (about 4 s for MiniLM's train step on
-    that CPU, once per run). Length-grouped SST-2 epochs (batch 32, MiniLM's vocabulary) hold these
-    padded tokens (real: 897k of the full set, 107k of its first 8000):
+    The trade-off: at fine-tuning lengths a step's time is close to linear in the padded length (the
+    projections and feed-forward dominate attention's L^2 part), so the waste to minimise is padded
+    tokens, and each bucket used costs one compilation per step function, once per run (README, Dynamic
+    padding, has the timings).
+    Length-grouped SST-2 epochs (batch 32, MiniLM's vocabulary) hold these padded tokens (real: 897k of
+    the full set, 107k of its first 8000):
 
       spacing                      full set    first 8000    buckets used on the full set (possible)
       fixed (length_buckets=0)     8.62M       1024k          1 (1)
@@ -286,13 +284,14 @@ def bucket_lengths(max_seq_length: int, multiple: int) -> tuple[int, ...]:
       multiples of 16              1.48M        176k          5 (8)
       powers of 2 (8 ... 128)      1.32M        157k          5 (5)
       multiples of 32              2.29M        272k          3 (4)
+      spacing 1, 12 placed         1.01M                     12 (`placed_buckets`, the configs' default)
+      spacing 1, 16 placed         0.99M                     16
 
-    Powers of two pad a 33-token batch to 64; multiples of 16 waste up to 15 tokens on sentences of ~13
-    (SST-2's mean). Multiples of 8 leave 22% fewer tokens than 16 for 4 more compilations: on a full
-    epoch (2104 steps) that saves minutes for seconds; the bound stays max_seq_length / 8 programs (16
-    at 128), the used ones only being compiled. 8 also keeps every length a multiple of 8 (TPU sublanes,
-    GPU tensor-core tiles). Use 16 or 32 where compilations are dear (large models on TPU, long
-    max_seq_length, few steps).
+    Fixed multiples waste most where most sentences are (multiples of 16 pad SST-2's mean of ~13 tokens
+    by up to 15); buckets placed on the run's own batch lengths (`Padding.placed`, the configs'
+    `max_length_buckets`) spend the same number of programs where the batches are: 12 placed ones hold
+    13% fewer tokens than the 9 multiples of 8 used. A spacing of 8 or 16 keeps every length a multiple
+    of it (TPU sublanes, GPU tensor-core tiles), at the price of more padding.
 
     Args:
       max_seq_length: int, the features' full length L (>= 1).
