@@ -120,6 +120,10 @@ def test_placed_padding_covers_the_steps_fit_draws():
             for b, _, _ in finetune.local_batches(arrays, 8, seed=1 + epoch, drop_remainder=True, padding=placed)}
     assert used <= set(placed.buckets) and max(used) == max(placed.buckets)
     assert finetune.Padding(BUCKETS).placed(arrays, 8, seed=1, num_steps=40) == finetune.Padding(BUCKETS)
+    # no training step: placed on the prediction batches (longest first), the longest one's length on top
+    for_predict = padding.placed(arrays, 8, seed=1, num_steps=0)
+    assert len(for_predict.buckets) == 3 and for_predict.buckets[-1] == finetune.sequence_lengths(
+        arrays["attention_mask"]).max()
 
 
 @pytest.mark.parametrize("seed,drop_remainder", [(3, True), (None, False)])

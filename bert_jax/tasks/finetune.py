@@ -429,6 +429,8 @@ class Padding:
         batches `fit(arrays, batch_size=..., seed=..., num_train_steps=num_steps)` draws (`placed_buckets`:
         the fewest padded tokens over those steps); self otherwise. The largest bucket is the smallest
         one holding the longest training batch; longer batches (in `predict`) take the arrays' full length.
+        With no training step (num_steps 0), the buckets are placed on the arrays' prediction batches
+        (longest first, as `predict` runs them).
         """
         if not self.max_buckets or not self.buckets:
             return self
@@ -440,6 +442,8 @@ class Padding:
                 break
             maxima.extend(int(lengths[r].max()) for r in rows[:num_steps - len(maxima)])
             epoch += 1
+        if not maxima:
+            maxima = [int(lengths[r].max()) for r in _batch_rows(len(lengths), batch_size, None, False, self, lengths)]
         candidates = tuple(b for b in self.buckets if b < arrays["attention_mask"].shape[-1]) + (
             arrays["attention_mask"].shape[-1],)
         return dataclasses.replace(self, buckets=placed_buckets(np.asarray(maxima, np.int64), batch_size,
