@@ -522,6 +522,23 @@ def local_batches(arrays: Mapping[str, np.ndarray], global_batch_size: int, *, s
                 for k, v in arrays.items()}, real, rows)
 
 
+def _training_batches(arrays: Mapping[str, np.ndarray], batch_size: int, seed: int, num_steps: int,
+                      padding: Padding) -> Iterator[dict[str, np.ndarray]]:
+    """This process's batches of `fit`'s first num_steps steps: epoch e shuffled with seed + e, the
+    remainder dropped (`local_batches`); fewer when an epoch holds no batch."""
+    step, epoch = 0, 0
+    while step < num_steps:
+        drawn = 0
+        for local, _, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True, padding=padding):
+            yield local
+            step, drawn = step + 1, drawn + 1
+            if step == num_steps:
+                return
+        if not drawn:
+            return
+        epoch += 1
+
+
 def _compile_ahead(step_fn: Callable, state: TrainState, arrays: Mapping[str, np.ndarray], batch_size: int,
                    seed: int, num_steps: int, padding: Padding, mesh) -> dict[tuple[int, ...], Callable]:
     """With length buckets, step_fn compiled for each batch shape the first num_steps steps of `fit` use,
@@ -529,17 +546,9 @@ def _compile_ahead(step_fn: Callable, state: TrainState, arrays: Mapping[str, np
     shape: compiled step}. {} without buckets (one shape: the first call compiles it)."""
     if not padding.buckets or num_steps <= 0:
         return {}
-    examples, steps, epoch = {}, 0, 0
-    while steps < num_steps:
-        drawn = 0
-        for local, _, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True, padding=padding):
-            examples.setdefault(local["attention_mask"].shape, local)
-            steps, drawn = steps + 1, drawn + 1
-            if steps == num_steps:
-                break
-        if not drawn:
-            break
-        epoch += 1
+    examples = {}
+    for local in _training_batches(arrays, batch_size, seed, num_steps, padding):
+        examples.setdefault(local["attention_mask"].shape, local)
 
     def build(local):
         with jax.set_mesh(mesh):
@@ -578,33 +587,28 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         raise ValueError(f"{rows} training examples are fewer than one batch of train_batch_size={batch_size}")
     history = []
     is_main = jax.process_index() == 0
-    step, epoch, metrics = 0, 0, None
+    step, metrics = 0, None
     with jax.set_mesh(mesh):
         programs = _compile_ahead(step_fn, state, arrays, batch_size, seed, num_train_steps, padding, mesh)
         progress = summaries.progress_bar(0, num_train_steps, is_main, desc)
         timer = engine.Chrono()
-        while step < num_train_steps:
-            for local, _, _ in local_batches(arrays, batch_size, seed=seed + epoch, drop_remainder=True,
-                                             padding=padding):
-                previous = metrics if step else None
-                program = programs.get(local["attention_mask"].shape, step_fn)
-                state, metrics = program(state, global_batch(local, mesh, tuple(local)))
-                if previous is not None:  # one step in flight: an honest progress bar, bounded memory
-                    jax.block_until_ready(previous)
-                step += 1
-                timer.tick()
-                progress.update(1)
-                if step % log_every == 0 or step == num_train_steps:
-                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    if not np.isfinite(values["loss"]):
-                        raise FloatingPointError(f"non-finite loss {values['loss']} at fine-tuning step {step}")
-                    values["examples_per_second"] = timer.lap().examples_per_second(batch_size)
-                    summaries.write_scalars(writer, step, values, "train")
-                    history.append(dict(values, step=step))
-                    progress.set_postfix(loss=f"{values['loss']:.3f}")
-                if step == num_train_steps:
-                    break
-            epoch += 1
+        for local in _training_batches(arrays, batch_size, seed, num_train_steps, padding):
+            previous = metrics if step else None
+            program = programs.get(local["attention_mask"].shape, step_fn)
+            state, metrics = program(state, global_batch(local, mesh, tuple(local)))
+            if previous is not None:  # one step in flight: an honest progress bar, bounded memory
+                jax.block_until_ready(previous)
+            step += 1
+            timer.tick()
+            progress.update(1)
+            if step % log_every == 0 or step == num_train_steps:
+                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                if not np.isfinite(values["loss"]):
+                    raise FloatingPointError(f"non-finite loss {values['loss']} at fine-tuning step {step}")
+                values["examples_per_second"] = timer.lap().examples_per_second(batch_size)
+                summaries.write_scalars(writer, step, values, "train")
+                history.append(dict(values, step=step))
+                progress.set_postfix(loss=f"{values['loss']:.3f}")
     progress.close()
     return state, history
 
