@@ -23,7 +23,9 @@ predict the 872 dev sentences.
   padding), for the share of the speed-up that padding alone gives.
 
 Prints both training times, the ratio (peer / ours), both dev accuracies, the padded tokens each
-side's batches hold (the work done) and, for ours, the time spent tracing, lowering and compiling
+side's batches hold and their analytic training FLOPs (`bert_jax.flops.encoder_forward_flops`, ours
+with the last layer at [CLS] only: the work done, and the rate each side reaches against both
+libraries' float32 matrix-product rate on this machine, `gemm_rates`) and, for ours, the time spent tracing, lowering and compiling
 inside the training window (jax.monitoring events; one program per bucket used). With --rounds N the
 two sides alternate N times and each side's fastest round is reported.
 Bar: ours >= 1.5x faster, dev accuracy within 0.5 points.
@@ -129,9 +131,46 @@ def ours(args, length_buckets: int) -> dict:
     feats = glue_data.convert_examples_to_features(examples, Tokenizer(os.path.join(minilm_dir(), "vocab.txt")), LENGTH)
     padding = finetune.Padding.from_config(config).placed(feats, BATCH, config.seed, m["train_steps"])
     m["buckets"] = list(padding.buckets)
-    m["padded_tokens"] = sum(b["input_ids"].size for b, _, _ in finetune.local_batches(
-        feats, BATCH, seed=config.seed, drop_remainder=True, padding=padding))
+    lengths = [b["input_ids"].shape[1] for b, _, _ in finetune.local_batches(
+        feats, BATCH, seed=config.seed, drop_remainder=True, padding=padding)]
+    m["padded_tokens"] = BATCH * sum(lengths)
+    m["train_flops"] = train_flops(lengths, query_rows=1)  # heads.BertForSequenceClassification: [CLS] only
     return m
+
+
+def train_flops(lengths, query_rows) -> float:
+    """Analytic training FLOPs (forward + backward = 3x forward, `bert_jax.flops`' convention) of batches of
+    BATCH sequences padded to `lengths`: MiniLM's encoder (its last layer at `query_rows` rows per
+    sequence, None: all), the pooler and the 2-way classifier. Int -> float."""
+    from bert_jax import flops
+    from bert_jax.bert_config import BertConfig
+
+    config = BertConfig.from_json_file(os.path.join(minilm_dir(), "config.json"))
+    head = 2 * (config.hidden_size ** 2 + 2 * config.hidden_size)
+    return sum(3.0 * BATCH * (flops.encoder_forward_flops(config, n, query_rows) + head) for n in lengths)
+
+
+def gemm_rates(m=640, k=384, n=1536, repeats=20) -> dict:
+    """Median GFLOP/s of one [m, k] x [k, n] float32 matrix product (a MiniLM feed-forward product at 32 x
+    20 tokens) in XLA (jitted jnp.dot) and in torch (torch.mm with its current threads)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    a, b = np.random.default_rng(0).random((2, max(m, k), max(k, n)), np.float32)
+    a, b = a[:m, :k].copy(), b[:k, :n].copy()
+    dot, ja, jb, ta, tb = jax.jit(jnp.dot), jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
+
+    def rate(run):
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return 2 * m * k * n / float(np.median(times)) / 1e9
+    return {"xla": rate(lambda: dot(ja, jb).block_until_ready()), "torch": rate(lambda: torch.mm(ta, tb))}
 
 
 def peer_threads(model, choice: str) -> int:
@@ -202,7 +241,8 @@ def peer(args) -> dict:
             use_cpu=True, disable_tqdm=True)
         trainer = transformers.Trainer(model=model, args=training_args, train_dataset=train,
                                        data_collator=transformers.DataCollatorWithPadding(tokenizer))
-        padded = sum(b["input_ids"].numel() for b in trainer.get_train_dataloader())
+        lengths = [b["input_ids"].shape[1] for b in trainer.get_train_dataloader()]
+        padded = BATCH * sum(lengths)
         start = time.perf_counter()
         out = trainer.train()
         seconds = time.perf_counter() - start
@@ -213,7 +253,8 @@ def peer(args) -> dict:
     logits, labels = predicted.predictions, np.asarray(predicted.label_ids)
     return {"train_seconds": seconds, "train_steps": out.global_step, "train_loss": out.training_loss,
             "accuracy": 100.0 * float(np.mean(np.argmax(logits, -1) == labels)), "eval_examples": len(dev),
-            "train_examples": len(train), "padded_tokens": padded, "torch_threads": threads}
+            "train_examples": len(train), "padded_tokens": padded, "train_flops": train_flops(lengths, None),
+            "torch_threads": threads}
 
 
 def main():
@@ -265,6 +306,18 @@ def main():
         print(f"ours' training: {building:.1f} s building the programs (tracing, lowering, compiling), "
               f"{a['train_seconds'] - building:.1f} s the steps; without the building: "
               f"{b['train_seconds'] / (a['train_seconds'] - building):.2f}x the peer's speed")
+        # the arithmetic: both sides' steps are matrix products on the same cores, so the speed-up that
+        # doing less work can give is the peer's FLOPs over ours; the rest must come from a higher rate
+        rate = lambda m, seconds: m["train_flops"] / seconds / 1e9
+        print(f"arithmetic (analytic training FLOPs of the epoch): ours {a['train_flops'] / 1e12:.1f} TFLOP, peer "
+              f"{b['train_flops'] / 1e12:.1f} TFLOP: the work ours skips is worth "
+              f"{b['train_flops'] / a['train_flops']:.2f}x; rate ours {rate(a, a['train_seconds']):.1f} GFLOP/s "
+              f"({rate(a, a['train_seconds'] - building):.1f} in the steps), peer "
+              f"{rate(b, b['train_seconds']):.1f} GFLOP/s; 1.5x needs ours at "
+              f"{1.5 * a['train_flops'] / b['train_flops'] * rate(b, b['train_seconds']):.1f} GFLOP/s overall")
+        gemm = gemm_rates()
+        print(f"float32 matrix products on this machine (640 x 384 x 1536): XLA {gemm['xla']:.1f} GFLOP/s, torch "
+              f"{gemm['torch']:.1f} GFLOP/s")
     if "ours_fixed" in results:
         gain = results["ours_fixed"]["train_seconds"] / results["ours"]["train_seconds"]
         print(f"dynamic padding alone: {gain:.2f}x "

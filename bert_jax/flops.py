@@ -11,15 +11,40 @@ from __future__ import annotations
 from bert_jax.modeling import BertConfig
 
 
+def encoder_forward_flops(config: BertConfig, seq_length: int, query_rows: int | None = None) -> float:
+    """FLOPs of one forward pass of `BertModel`'s encoder (no embeddings, no pooler) for one sequence.
+
+    Args:
+      config: the model's sizes (hidden_size D, intermediate_size I, num_hidden_layers N).
+      seq_length: L, the tokens of the sequence (padding included: it is computed).
+      query_rows: None for every row; Q for `BertModel(output_positions=[B, Q])`, whose last layer
+        computes keys and values at all L tokens but queries, attention, the output projection and the
+        feed-forward block at Q rows only (e.g. 1: a classifier's [CLS]).
+
+    Returns:
+      FLOPs (multiply-add = 2): per token and layer 2 (4 D^2 + 2 D I) for the projections and the
+      feed-forward block, plus 4 L D for the scores and the context.
+
+    Raises:
+      ValueError: query_rows outside 1..seq_length.
+    """
+    d, i, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_token_layer = 2 * (4 * d * d + 2 * d * i) + 2 * 2 * seq_length * d
+    if query_rows is None:
+        return float(n_layers * seq_length * per_token_layer)
+    if not 1 <= query_rows <= seq_length:
+        raise ValueError(f"query_rows={query_rows} is not within 1..seq_length={seq_length}")
+    keys_values = seq_length * 2 * (2 * d * d)
+    return float((n_layers - 1) * seq_length * per_token_layer + keys_values
+                 + query_rows * (per_token_layer - 2 * (2 * d * d)))
+
+
 def forward_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int) -> float:
     """FLOPs of one forward pass of `BertForPreTraining` for one sequence of `seq_length` tokens."""
-    d, i, n_layers, v = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    per_token_layer = 2 * (4 * d * d + 2 * d * i)  # Q, K, V, output projections; the two MLP matmuls
-    attention = 2 * 2 * seq_length * d  # per token: scores (q . k over L keys) and context (probs . v)
-    encoder = n_layers * seq_length * (per_token_layer + attention)
+    d, v = config.hidden_size, config.vocab_size
     pooler_nsp = 2 * (d * d + 2 * d)
     mlm = max_predictions * 2 * (d * d + d * v)  # transform dense + tied decoder
-    return float(encoder + pooler_nsp + mlm)
+    return encoder_forward_flops(config, seq_length) + float(pooler_nsp + mlm)
 
 
 def train_flops_per_step(config: BertConfig, batch_size: int, seq_length: int, max_predictions: int) -> float:
