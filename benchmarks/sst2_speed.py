@@ -12,7 +12,8 @@ predict the 872 dev sentences.
 
   ours   `bert_jax.tasks.glue.run` with configs/glue.py:sst2's dynamic padding (`finetune.Padding`:
          batches padded to their longest sentence rounded up to one of at most --max_length_buckets
-         lengths placed on the epoch's batches, multiples of --length_buckets; length-grouped batches),
+         lengths placed on the epoch's batches, multiples of --length_buckets, each saving at least
+         --bucket_program_tokens padded tokens; length-grouped batches),
          one CPU device; its train_seconds (building the bucket programs before the first step included).
   peer   transformers `Trainer` (`TrainingArguments(group_by_length=True)`: LengthGroupedSampler,
          `DataCollatorWithPadding`: each batch padded to its longest sentence), torch's threads the
@@ -91,6 +92,7 @@ def ours(args, length_buckets: int) -> dict:
     config.max_seq_length, config.train_batch_size, config.num_train_epochs = LENGTH, BATCH, 1.0
     config.learning_rate, config.length_buckets = args.learning_rate, length_buckets
     config.max_length_buckets = args.max_length_buckets
+    config.bucket_program_tokens = args.bucket_program_tokens
     config.save_checkpoint = False
     config.log_every = 10 ** 9  # one log line at the end: no host syncs on the way
     config.mesh.num_devices = 1
@@ -265,6 +267,8 @@ def main():
     parser.add_argument("--length_buckets", type=int, default=defaults.length_buckets, help="bucket spacing")
     parser.add_argument("--max_length_buckets", type=int, default=defaults.max_length_buckets,
                         help="at most this many bucket lengths, placed on the batches (0: every multiple)")
+    parser.add_argument("--bucket_program_tokens", type=float, default=defaults.bucket_program_tokens,
+                        help="padded tokens a bucket must save to be placed (its program's compile cost)")
     parser.add_argument("--also_fixed", action="store_true", help="also our job with length_buckets=0")
     parser.add_argument("--skip_peer", action="store_true")
     parser.add_argument("--peer_threads", default="auto", help="torch threads of the peer: a number, or auto "

@@ -1,9 +1,11 @@
-"""Analytic model FLOPs of a BERT pre-training step (for MFU and for checking compiled programs).
+"""Analytic model FLOPs of a BERT pre-training step (for MFU and for checking compiled programs), and of
+the encoder alone, its last layer at some rows only (`output_positions`; fine-tuning benchmarks).
 
 Counts multiply-adds as 2 FLOPs and the backward pass as twice the forward (training = 3x forward), the
 convention of Kaplan et al. 2020 and PaLM's MFU (Chowdhery et al. 2022, appendix B). Embedding
 lookups, softmax, LayerNorm and other element-wise work are left out; attention's two L x L matmuls are
 counted; the MLM head is counted at the P predicted positions only, as `BertForPreTraining` computes it.
+tests/test_flops.py checks the encoder's count against XLA's cost analysis of the compiled forward pass.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -91,22 +92,29 @@ def test_configs_and_the_off_switch():
 
 
 def test_placed_buckets_are_the_best_subset():
-    """placed_buckets against every subset of the candidates (brute force), on random batch lengths."""
+    """placed_buckets against every subset of the candidates (brute force), on random batch lengths: the
+    fewest padded tokens plus program_tokens per length chosen."""
     rng = np.random.default_rng(0)
     candidates = (3, 5, 8, 10, 13, 16)
     for trial in range(20):
         lengths = rng.integers(1, 17, size=rng.integers(1, 30))
         rows = rng.integers(1, 9, size=len(lengths))
-        for count in (1, 2, 3, 6):
-            chosen = finetune.placed_buckets(lengths, rows, candidates, count)
-            cost = lambda b: int((rows * np.asarray(b)[np.searchsorted(b, lengths)]).sum())
+        for count, program_tokens in itertools.product((1, 2, 3, 6), (0, 7.5, 40)):
+            chosen = finetune.placed_buckets(lengths, rows, candidates, count, program_tokens)
+            cost = lambda b: int((rows * np.asarray(b)[np.searchsorted(b, lengths)]).sum()) + program_tokens * len(b)
             best = min(cost(s) for n in range(1, count + 1) for s in itertools.combinations(candidates, n)
                        if s[-1] >= lengths.max())
-            assert len(chosen) <= count and set(chosen) <= set(candidates) and cost(chosen) == best, (trial, count)
+            assert len(chosen) <= count and set(chosen) <= set(candidates), (trial, count, program_tokens)
+            assert cost(chosen) == pytest.approx(best), (trial, count, program_tokens)
             assert chosen[-1] == min(c for c in candidates if c >= lengths.max())
     assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2) == (5, 10)  # 2 * (5 + 5 + 10)
+    # (5, 10) saves 2 * (10 + 10 + 10) - 40 = 20 tokens over (10,): worth it at 19 per program, not at 21
+    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=19) == (5, 10)
+    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=21) == (10,)
     with pytest.raises(ValueError, match="max_length_buckets=0: need >= 1"):
         finetune.placed_buckets(np.array([4]), 1, candidates, 0)
+    with pytest.raises(ValueError, match="bucket_program_tokens=-1: need >= 0"):
+        finetune.placed_buckets(np.array([4]), 1, candidates, 2, program_tokens=-1)
 
 
 def test_placed_padding_covers_the_steps_fit_draws():
@@ -124,6 +132,14 @@ def test_placed_padding_covers_the_steps_fit_draws():
     for_predict = padding.placed(arrays, 8, seed=1, num_steps=0)
     assert len(for_predict.buckets) == 3 and for_predict.buckets[-1] == finetune.sequence_lengths(
         arrays["attention_mask"]).max()
+    # a compile cost per program: a short run places fewer buckets (from the config, as the jobs do)
+    config = ml_collections.ConfigDict(dict(max_seq_length=L, length_buckets=1, max_length_buckets=3,
+                                            group_by_length=True, bucket_program_tokens=1e6))
+    costly = finetune.Padding.from_config(config)
+    assert costly.program_tokens == 1e6 and len(costly.placed(arrays, 8, seed=1, num_steps=40).buckets) == 1
+    config.bucket_program_tokens = -5
+    with pytest.raises(ValueError, match="bucket_program_tokens=-5.0: need >= 0"):
+        finetune.Padding.from_config(config)
 
 
 @pytest.mark.parametrize("seed,drop_remainder", [(3, True), (None, False)])

@@ -312,26 +312,31 @@ def bucket_lengths(max_seq_length: int, multiple: int) -> tuple[int, ...]:
 
 
 def placed_buckets(batch_lengths: np.ndarray, rows: np.ndarray | int, candidates: tuple[int, ...],
-                   count: int) -> tuple[int, ...]:
+                   count: int, program_tokens: float = 0.0) -> tuple[int, ...]:
     """At most `count` of the `candidates` lengths, chosen so that batches of these longest sequences hold
-    the fewest padded tokens: sum over batches of rows * (smallest chosen length >= its longest), minimal
-    (exact dynamic programming over the candidates, O(count * K^2) for K candidates used).
+    the fewest padded tokens: sum over batches of rows * (smallest chosen length >= its longest), plus
+    `program_tokens` per length chosen, minimal (exact dynamic programming over the candidates,
+    O(count * K^2) for K candidates used).
 
     Args:
       batch_lengths: int [M], each batch's longest sequence (`sequence_lengths` of its rows, max).
       rows: int [M] or a scalar, the batches' row counts (the token cost of a length per batch).
       candidates: ascending ints, the lengths allowed (`bucket_lengths`); the last >= every batch length.
       count: int >= 1.
+      program_tokens: float >= 0, the padded tokens one more length (one more compiled program) must
+        save to be chosen: its compile time in units of one token's training time. 0: only `count` limits.
 
     Returns:
       ascending tuple of at most `count` candidates, the last the smallest candidate >= every batch's
       length; () for no batches.
 
     Raises:
-      ValueError: count < 1, or a batch longer than every candidate.
+      ValueError: count < 1, program_tokens < 0, or a batch longer than every candidate.
     """
     if count < 1:
         raise ValueError(f"max_length_buckets={count}: need >= 1")
+    if program_tokens < 0:
+        raise ValueError(f"bucket_program_tokens={program_tokens}: need >= 0")
     batch_lengths = np.asarray(batch_lengths)
     if not batch_lengths.size:
         return ()
@@ -350,7 +355,7 @@ def placed_buckets(batch_lengths: np.ndarray, rows: np.ndarray | int, candidates
             options = cost[c - 1, :j] + used[j] * (below[j + 1] - below[1:j + 1])
             back[c, j] = int(np.argmin(options))
             cost[c, j] = options[back[c, j]]
-    c = int(np.argmin(cost[:, -1]))
+    c = int(np.argmin(cost[:, -1] + program_tokens * np.arange(1, len(cost) + 1)))
     chosen, j = [], k - 1
     while c >= 0:
         chosen.append(int(used[j]))
@@ -400,29 +405,36 @@ class Padding:
       group_size: batches per sorted chunk (transformers' mega-batch multiplier, 50).
       max_buckets: 0, or at most this many bucket lengths, placed on the training batches by `placed`
         (`placed_buckets`: the fewest padded tokens for that many compiled programs).
+      program_tokens: (with max_buckets) the padded tokens one more bucket must save to be placed (its
+        program's compile time over one token's training time), so short runs build fewer programs.
     """
 
     buckets: tuple[int, ...] = ()
     group_by_length: bool = False
     group_size: int = GROUP_SIZE
     max_buckets: int = 0
+    program_tokens: float = 0.0
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "Padding":
         """config.length_buckets (int spacing in tokens, 0 = fixed; `bucket_lengths`),
         config.max_length_buckets (int, 0 = every multiple of the spacing; else at most that many, placed
-        by `placed` on the training set) and config.group_by_length (bool) over config.max_seq_length;
-        fixed for a config without them (SQuAD).
+        by `placed` on the training set), config.bucket_program_tokens (float, `placed_buckets`'
+        program_tokens) and config.group_by_length (bool) over config.max_seq_length; fixed for a config
+        without them (SQuAD).
 
         Raises:
-          ValueError: a negative length_buckets or max_length_buckets.
+          ValueError: a negative length_buckets, max_length_buckets or bucket_program_tokens.
         """
         buckets = bucket_lengths(config.max_seq_length, config.get("length_buckets", 0))
         max_buckets = config.get("max_length_buckets", 0)
         if max_buckets < 0:
             raise ValueError(f"max_length_buckets={max_buckets}: need >= 0 (0: every multiple of length_buckets)")
+        program_tokens = float(config.get("bucket_program_tokens", 0.0))
+        if program_tokens < 0:
+            raise ValueError(f"bucket_program_tokens={program_tokens}: need >= 0")
         return cls(buckets, bool(config.get("group_by_length", False)) and bool(buckets),
-                   max_buckets=max_buckets if buckets else 0)
+                   max_buckets=max_buckets if buckets else 0, program_tokens=program_tokens)
 
     def placed(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int, num_steps: int) -> "Padding":
         """With max_buckets, the padding whose buckets are at most max_buckets of these, placed on the
@@ -446,8 +458,8 @@ class Padding:
             maxima = [int(lengths[r].max()) for r in _batch_rows(len(lengths), batch_size, None, False, self, lengths)]
         candidates = tuple(b for b in self.buckets if b < arrays["attention_mask"].shape[-1]) + (
             arrays["attention_mask"].shape[-1],)
-        return dataclasses.replace(self, buckets=placed_buckets(np.asarray(maxima, np.int64), batch_size,
-                                                                candidates, self.max_buckets) or self.buckets)
+        return dataclasses.replace(self, buckets=placed_buckets(
+            np.asarray(maxima, np.int64), batch_size, candidates, self.max_buckets, self.program_tokens) or self.buckets)
 
 
 FIXED = Padding()
