@@ -57,7 +57,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.max_length_buckets = 12
     # a bucket is placed only if it saves this many padded tokens: one program's compile time over one
     # token's training time (all-MiniLM-L6-v2 on a 2-core CPU: ~8 s against ~0.8 ms; 0: max_length_buckets alone)
-    config.bucket_program_tokens = 10_000
+    config.bucket_program_tokens = 10_000.0
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
     config.train_batch_size = 32  # paper: 32
     config.eval_batch_size = 64
