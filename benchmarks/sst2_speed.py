@@ -38,6 +38,12 @@ One epoch of all of SST-2 (--max_train_examples 0, 2104 steps; the machine alone
 same day on a slower machine (AMD EPYC, XLA's and torch's GEMMs both ~115 GFLOP/s), with 12 placed buckets
 and the classifier's last layer at [CLS] only: ours 935.7 s (99.3 s building 12 programs before the first
 step; 1,014,272 padded tokens), peer 875.6 s: 0.94x, 1.05x without the building; dev 88.30% against 87.73%.
+A later session on that machine: ours 1007.9 s (110.5 s building), peer 870.3 s: 0.86x; dev 88.30% against
+87.96%; arithmetic: ours 56.9 TFLOP, peer 60.5 TFLOP (1.06x less work), ours 56.4 GFLOP/s over the training
+time (63.4 in the steps), peer 69.5; 1.5x needs 98.0 GFLOP/s; matrix products XLA 137.9, torch 122.3 GFLOP/s.
+With --max_train_examples 8000 (250 steps): 5 buckets placed at the default --bucket_program_tokens 10000,
+153.9 s (38.7 s building) against 198.1 s (94.2 s building) for 12 buckets (--bucket_program_tokens 0);
+peer 96.1 s.
 
 Measured with --max_train_examples 8000 (250 steps) on a 2-core CPU shared with other work, whose load
 changed within runs (so three runs; times are training only):
