@@ -26,9 +26,9 @@ predict the 872 dev sentences.
 Prints both training times, the ratio (peer / ours), both dev accuracies, the padded tokens each
 side's batches hold and their analytic training FLOPs (`bert_jax.flops.encoder_forward_flops`, ours
 with the last layer at [CLS] only: the work done, and the rate each side reaches against both
-libraries' float32 matrix-product rate on this machine, `gemm_rates`) and, for ours, the time spent tracing, lowering and compiling
-inside the training window (jax.monitoring events; one program per bucket used). With --rounds N the
-two sides alternate N times and each side's fastest round is reported.
+libraries' float32 matrix-product rate on this machine, `gemm_rates`) and, for ours, the time spent
+tracing, lowering and compiling inside the training window (jax.monitoring events; one program per
+bucket used). With --rounds N the two sides alternate N times and each side's fastest round is reported.
 Bar: ours >= 1.5x faster, dev accuracy within 0.5 points.
 Needs the test extra (torch, transformers, the MiniLM package) and accelerate (the bench extra).
 

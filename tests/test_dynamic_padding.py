@@ -83,8 +83,10 @@ def test_bucket_lengths_hand_computed():
 def test_configs_and_the_off_switch():
     """GLUE, NER and SWAG pad dynamically by default; length_buckets=0 is fixed padding whatever
     group_by_length says; SQuAD's config has no such fields: fixed."""
-    for config in (glue_config.get_config("sst2"), ner_config.get_config(), swag_config.get_config()):
-        assert finetune.Padding.from_config(config) == finetune.Padding(tuple(range(1, 129)), True, max_buckets=12)
+    for config, program_tokens in ((glue_config.get_config("sst2"), 10_000), (ner_config.get_config(), 10_000),
+                                   (swag_config.get_config(), 2_500)):  # SWAG: example positions of 4 tokens
+        assert finetune.Padding.from_config(config) == finetune.Padding(tuple(range(1, 129)), True, max_buckets=12,
+                                                                        program_tokens=program_tokens)
         config.length_buckets = 0
         assert finetune.Padding.from_config(config) == finetune.FIXED == finetune.Padding()
     from configs import squad as squad_config

@@ -434,7 +434,7 @@ class Padding:
         if program_tokens < 0:
             raise ValueError(f"bucket_program_tokens={program_tokens}: need >= 0")
         return cls(buckets, bool(config.get("group_by_length", False)) and bool(buckets),
-                   max_buckets=max_buckets if buckets else 0, program_tokens=program_tokens)
+                   max_buckets=max_buckets if buckets else 0, program_tokens=program_tokens if buckets else 0.0)
 
     def placed(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int, num_steps: int) -> "Padding":
         """With max_buckets, the padding whose buckets are at most max_buckets of these, placed on the
@@ -458,8 +458,9 @@ class Padding:
             maxima = [int(lengths[r].max()) for r in _batch_rows(len(lengths), batch_size, None, False, self, lengths)]
         candidates = tuple(b for b in self.buckets if b < arrays["attention_mask"].shape[-1]) + (
             arrays["attention_mask"].shape[-1],)
-        return dataclasses.replace(self, buckets=placed_buckets(
-            np.asarray(maxima, np.int64), batch_size, candidates, self.max_buckets, self.program_tokens) or self.buckets)
+        placed = placed_buckets(np.asarray(maxima, np.int64), batch_size, candidates, self.max_buckets,
+                                self.program_tokens)
+        return dataclasses.replace(self, buckets=placed or self.buckets)
 
 
 FIXED = Padding()
