@@ -40,7 +40,8 @@ and the classifier's last layer at [CLS] only: ours 935.7 s (99.3 s building 12 
 step; 1,014,272 padded tokens), peer 875.6 s: 0.94x, 1.05x without the building; dev 88.30% against 87.73%.
 A later session on that machine: ours 1007.9 s (110.5 s building), peer 870.3 s: 0.86x; dev 88.30% against
 87.96%; arithmetic: ours 56.9 TFLOP, peer 60.5 TFLOP (1.06x less work), ours 56.4 GFLOP/s over the training
-time (63.4 in the steps), peer 69.5; 1.5x needs 98.0 GFLOP/s; matrix products XLA 137.9, torch 122.3 GFLOP/s.
+time (63.4 in the steps), peer 69.5; 1.5x needs 98.0 GFLOP/s; matrix products XLA 137.9, torch 122.3 GFLOP/s
+(median of 20; gemm_rates now takes gemm_bound.time_both's fastest of 5: 135.9 and 119.7 right after).
 With --max_train_examples 8000 (250 steps): 5 buckets placed at the default --bucket_program_tokens 10000,
 153.9 s (38.7 s building) against 198.1 s (94.2 s building) for 12 buckets (--bucket_program_tokens 0);
 peer 96.1 s.
@@ -158,27 +159,15 @@ def train_flops(lengths, query_rows) -> float:
     return sum(3.0 * BATCH * (flops.encoder_forward_flops(config, n, query_rows) + head) for n in lengths)
 
 
-def gemm_rates(m=640, k=384, n=1536, repeats=20) -> dict:
-    """Median GFLOP/s of one [m, k] x [k, n] float32 matrix product (a MiniLM feed-forward product at 32 x
-    20 tokens) in XLA (jitted jnp.dot) and in torch (torch.mm with its current threads)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import torch
+def gemm_rates(m=640, k=384, n=1536, rounds=5) -> dict:
+    """GFLOP/s of one float32 [m, k] x [k, n] matrix product (a MiniLM feed-forward product at 32 x 20
+    tokens) in XLA and in torch with its current threads: `benchmarks/gemm_bound.time_both`, the fastest of
+    `rounds` timings."""
+    from benchmarks.gemm_bound import gemm_flops, time_both
 
-    a, b = np.random.default_rng(0).random((2, max(m, k), max(k, n)), np.float32)
-    a, b = a[:m, :k].copy(), b[:k, :n].copy()
-    dot, ja, jb, ta, tb = jax.jit(jnp.dot), jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
-
-    def rate(run):
-        run()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return 2 * m * k * n / float(np.median(times)) / 1e9
-    return {"xla": rate(lambda: dot(ja, jb).block_until_ready()), "torch": rate(lambda: torch.mm(ta, tb))}
+    flop = gemm_flops((m, k), (k, n))
+    xla, torch_seconds = time_both((m, k), (k, n), rounds)
+    return {"xla": flop / xla / 1e9, "torch": flop / torch_seconds / 1e9}
 
 
 def peer_threads(model, choice: str) -> int:
