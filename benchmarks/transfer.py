@@ -205,7 +205,10 @@ def main():
 
     def pretrain_run():
         start = time.perf_counter()
-        train.train_and_evaluate(config, run_dir)
+        stopped = train.train_and_evaluate(config, run_dir)
+        if stopped["step"] < config.total_steps:  # SIGTERM: checkpoint saved, run not finished; nothing cached
+            sys.exit(f"pre-training stopped at step {stopped['step']} of {config.total_steps} (SIGTERM): "
+                     f"re-run the same command to resume from {run_dir}")
         return pretraining_budget(config, time.perf_counter() - start)
 
     budget = _cached(os.path.join(workdir, "pretrain.json"), pretrain_run)
