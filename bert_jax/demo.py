@@ -210,7 +210,10 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
           f"for {config.total_steps} steps on {jax.device_count()} {jax.default_backend()} devices "
           f"(mesh data {config.mesh.data} x tensor {config.mesh.tensor})", flush=True)
     pretrain_start = time.perf_counter()
-    train.train_and_evaluate(config, pretrain_dir)
+    stopped = train.train_and_evaluate(config, pretrain_dir)
+    if stopped["step"] < config.total_steps:  # SIGTERM: checkpoint saved; no fine-tuning of a half-trained encoder
+        raise SystemExit(f"demo: pre-training stopped at step {stopped['step']} of {config.total_steps} (SIGTERM); "
+                         f"re-run the same command to resume from {pretrain_dir}")
     phases = train.resolve_phases(config)
     records = summaries.read_metrics(pretrain_dir)
     png = summaries.plot_curves(records, ["loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"],
