@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("USE_TF", "0")  # tensorflow is installed (for TFDS): the Trainer must not import its Keras side
 
+from bert_jax import host_malloc  # noqa: E402
 from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.data.tokenization import Tokenizer  # noqa: E402
 from bert_jax.tasks import finetune, glue  # noqa: E402
@@ -100,6 +101,7 @@ def ours(args, length_buckets: int) -> dict:
     config.learning_rate, config.length_buckets = args.learning_rate, length_buckets
     config.max_length_buckets = args.max_length_buckets
     config.bucket_program_tokens = args.bucket_program_tokens
+    config.shared_update = args.shared_update
     config.save_checkpoint = False
     config.log_every = 10 ** 9  # one log line at the end: no host syncs on the way
     config.mesh.num_devices = 1
@@ -264,6 +266,11 @@ def main():
                         help="at most this many bucket lengths, placed on the batches (0: every multiple)")
     parser.add_argument("--bucket_program_tokens", type=float, default=defaults.bucket_program_tokens,
                         help="padded tokens a bucket must save to be placed (its program's compile cost)")
+    parser.add_argument("--shared_update", action=argparse.BooleanOptionalAction, default=defaults.shared_update,
+                        help="ours: the optimizer update as one program for every bucket (engine.SharedUpdateStep)")
+    parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                        help="glibc malloc settings of the whole run, both sides (one process): "
+                        "bert_jax.host_malloc's (as launch/local_cpu.sh trains) or glibc's defaults")
     parser.add_argument("--also_fixed", action="store_true", help="also our job with length_buckets=0")
     parser.add_argument("--skip_peer", action="store_true")
     parser.add_argument("--peer_threads", default="auto", help="torch threads of the peer: a number, or auto "
@@ -271,6 +278,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=1, help="ours then the peer, this many times; each side's "
                         "fastest round is compared (the least disturbed on a shared machine)")
     args = parser.parse_args()
+    if args.malloc == "tuned":
+        host_malloc.reexec_tuned("sst2_speed")  # returns once tuned (or where the tunables do not apply)
+    print(f"malloc: GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} (both sides)", flush=True)
     import jax
 
     jax.monitoring.register_event_duration_secs_listener(_on_event)

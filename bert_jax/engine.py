@@ -6,7 +6,8 @@
                logical partition specs -> `jax.jit(init, out_shardings=...)`, never materialised unsharded.
   step         `train_step(state, batch, loss_fn=..., grad_accum_steps=k)`: one optimizer step for any
                loss, k micro-batches summing to the gradient of the whole batch;
-               `jit_train_step` compiles it with in/out shardings and the state donated.
+               `jit_train_step` compiles it with in/out shardings and the state donated, as one program or
+               (shared_update) as `gradients` per batch shape plus one `apply_gradients` for all shapes.
   timer        `Chrono`: steps and seconds between reports (a `Lap`), pauses (checkpoints, evaluations) left out.
 
 Dimension letters as in WORKSPACE.md: B batch, L length.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -139,7 +141,8 @@ def create_state(init: Callable[[], TrainState], mesh: jax.sharding.Mesh, shardi
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.GradientTransformation,
                schedule: optax.Schedule, grad_accum_steps: int = 1,
                denominators: Callable[[Batch], Any] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step (pure): gradient of `loss_fn`, clipping and update by `tx`.
+    """One optimizer step (pure): gradient of `loss_fn`, clipping and update by `tx`
+    (`apply_gradients(state, *gradients(state, batch, ...))`).
 
     Args:
       state: the TrainState; the step's dropout key is fold_in(state.rng, state.step).
@@ -160,6 +163,15 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.Gr
     Raises:
       ValueError: (while tracing) k > 1 without `denominators`, or B not divisible by k.
     """
+    grads, metrics = gradients(state, batch, loss_fn=loss_fn, grad_accum_steps=grad_accum_steps,
+                               denominators=denominators)
+    return apply_gradients(state, grads, metrics, tx=tx, schedule=schedule)
+
+
+def gradients(state: TrainState, batch: Batch, *, loss_fn: LossFn, grad_accum_steps: int = 1,
+              denominators: Callable[[Batch], Any] | None = None) -> tuple[Any, dict[str, jax.Array]]:
+    """The first half of `train_step` (pure): the gradient of `loss_fn` at state.params -> (gradient
+    tree like params, float32 [] metrics: loss_fn's and loss). Arguments and errors as `train_step`."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     with sharding.axis_rules():
@@ -168,9 +180,17 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.Gr
         else:
             grads, metrics = _accumulate(grad_fn, state.params, batch, dropout_rng, grad_accum_steps, denominators)
             loss = metrics.pop("loss")
+    return grads, dict(metrics, loss=loss)
+
+
+def apply_gradients(state: TrainState, grads: Any, metrics: Mapping[str, jax.Array], *,
+                    tx: optax.GradientTransformation,
+                    schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The second half of `train_step` (pure): `tx`'s update from `grads` (a tree like state.params) ->
+    (state with step + 1, `metrics` plus grad_norm and learning_rate, float32 scalars)."""
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optim.global_norm(grads), learning_rate=schedule(state.step))
+    metrics = dict(metrics, grad_norm=optim.global_norm(grads), learning_rate=schedule(state.step))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -210,21 +230,86 @@ def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
 
 
 def jit_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                   mesh: jax.sharding.Mesh, shardings: Any, *,
-                   grad_accum_steps: int = 1, denominators: Callable[[Batch], Any] | None = None) -> Callable:
-    """`train_step` under one `jax.jit`: (state, batch) -> (state, metrics).
+                   mesh: jax.sharding.Mesh, shardings: Any, *, grad_accum_steps: int = 1,
+                   denominators: Callable[[Batch], Any] | None = None, shared_update: bool = False) -> Callable:
+    """`train_step` under `jax.jit`: (state, batch) -> (state, metrics).
 
     Args:
       shardings: the TrainState tree of NamedShardings (`state_shardings`); the state's buffers are donated.
       loss_fn, tx, schedule, grad_accum_steps, denominators: as `train_step`.
+      shared_update: False: one program per batch shape. True: a `SharedUpdateStep`, the gradient one
+        program per batch shape and the optimizer update one program for all of them (for jobs that
+        compile a program per length bucket: each bucket then builds only the forward and backward pass).
 
     Nothing is compiled here: jax compiles on the first call (or `.lower(...).compile()`), once per
     distinct batch shape, and raises there for a batch whose keys or shapes do not fit.
     """
-    step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                             grad_accum_steps=grad_accum_steps, denominators=denominators)
-    return jax.jit(step, in_shardings=(shardings, batch_shardings(mesh)),
-                   out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
+    if not shared_update:
+        step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
+                                 grad_accum_steps=grad_accum_steps, denominators=denominators)
+        return jax.jit(step, in_shardings=(shardings, batch_shardings(mesh)),
+                       out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
+    grads = functools.partial(gradients, loss_fn=loss_fn, grad_accum_steps=grad_accum_steps,
+                              denominators=denominators)
+    update = functools.partial(apply_gradients, tx=tx, schedule=schedule)
+    return SharedUpdateStep(
+        jax.jit(grads, in_shardings=(shardings, batch_shardings(mesh)),
+                out_shardings=(shardings.params, replicated(mesh))),
+        jax.jit(update, in_shardings=(shardings, shardings.params, replicated(mesh)),
+                out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,)))
+
+
+class SharedUpdateStep:
+    """`train_step` as two programs: `gradients` (jitted, one program per batch shape) then
+    `apply_gradients` (jitted, the state donated: one program for every batch shape).
+
+    Used as the one-program step is: `step(state, batch)` -> (state, metrics), and
+    `step.lower(state, batch).compile()` -> a callable (state, batch) -> (state, metrics) with the gradient
+    compiled for that batch's shapes and the update compiled once (safe from several threads). The
+    result equals `train_step`'s (the same operations; XLA may order float32 sums differently).
+    Built by `jit_train_step(..., shared_update=True)`.
+    """
+
+    def __init__(self, gradients_jit: Callable, update_jit: Callable):
+        self._gradients, self._update = gradients_jit, update_jit
+        self._compiled_update = None
+        self._lock = threading.Lock()
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        grads, metrics = self._gradients(state, batch)
+        return self._update(state, grads, metrics)
+
+    def lower(self, state: TrainState, batch: Batch) -> "_SharedUpdateLowered":
+        """The gradient lowered for `batch`'s shapes; `.compile()` also builds the update (once)."""
+        return _SharedUpdateLowered(self, self._gradients.lower(state, batch), state, batch)
+
+    def _cache_size(self) -> int:
+        """Gradient programs compiled by calling the step (not through `lower`), as `jax.jit`'s."""
+        return self._gradients._cache_size()
+
+    def _update_program(self, state: TrainState, batch: Batch) -> Callable:
+        with self._lock:
+            if self._compiled_update is None:
+                grads, metrics = jax.eval_shape(self._gradients, state, batch)
+                self._compiled_update = self._update.lower(state, grads, metrics).compile()
+            return self._compiled_update
+
+
+@dataclasses.dataclass
+class _SharedUpdateLowered:
+    step: SharedUpdateStep
+    lowered: Any
+    state: Any
+    batch: Any
+
+    def compile(self) -> Callable:
+        gradients_program = self.lowered.compile()
+        update_program = self.step._update_program(self.state, self.batch)
+
+        def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+            return update_program(state, *gradients_program(state, batch))
+
+        return run
 
 
 def jit_eval_step(fn: Callable[[Any, Batch], Any], mesh: jax.sharding.Mesh, param_shardings: Any) -> Callable:

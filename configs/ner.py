@@ -48,6 +48,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # token's training time (all-MiniLM-L6-v2 on a 2-core CPU: ~8 s against ~0.8 ms; 0: max_length_buckets alone)
     config.bucket_program_tokens = 10_000.0
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
+    # the optimizer update as one program shared by every bucket length (engine.SharedUpdateStep): each
+    # bucket compiles only its forward and backward pass (false: one whole-step program per bucket)
+    config.shared_update = True
     config.train_batch_size = 32  # paper grid: 16, 32
     config.eval_batch_size = 64
     config.learning_rate = LEARNING_RATES[0]  # paper: best on dev of LEARNING_RATES

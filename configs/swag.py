@@ -41,6 +41,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # CPU: ~8 s against ~0.8 ms: 10,000 tokens; 0: max_length_buckets alone)
     config.bucket_program_tokens = 2_500.0
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
+    # the optimizer update as one program shared by every bucket length (engine.SharedUpdateStep): each
+    # bucket compiles only its forward and backward pass (false: one whole-step program per bucket)
+    config.shared_update = True
     config.train_batch_size = 16  # paper: 16 (examples, each of 4 sequences)
     config.eval_batch_size = 64
     config.learning_rate = 2e-5  # paper: 2e-5

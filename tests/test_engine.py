@@ -1,6 +1,6 @@
 """The one step machinery: aot compiles the program train runs, the step compiles once per phase, the
 mesh presets reach fine-tuning, the generic step accumulates any loss to the whole batch's gradient,
-and the timer leaves pauses out."""
+the update shared by every batch shape takes the same steps, and the timer leaves pauses out."""
 
 import time
 
@@ -125,6 +125,49 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     with pytest.raises(ValueError, match="^grad_accum_steps=2 needs the whole batch's loss denominators$"):
         engine.train_step(state, engine.global_batch(batch, mesh), tx=tx, schedule=schedule, grad_accum_steps=2,
                           loss_fn=lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn))
+
+
+def test_shared_update_step_equals_the_one_program_step():
+    """The update as one program for every batch shape (engine.SharedUpdateStep) takes the one-program
+    step's steps: same parameters, optimizer state and metrics after steps at two lengths with dropout,
+    called directly and through lower().compile(); one update program serves both lengths."""
+    bert = modeling.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=37)
+    model = heads.BertForSequenceClassification(bert, num_labels=2)
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    tx, schedule = engine.create_optimizer(glue_config.get_config("sst2"), 10)
+    ids = jnp.zeros((1, 7), jnp.int32)
+    init = engine.state_init(model, tx, 0, ids, ids, ids)
+    _, shardings = engine.state_shardings(init, mesh)
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": rng.integers(1, 99, (8, n), dtype=np.int32), "token_type_ids": np.zeros((8, n), np.int32),
+                "attention_mask": np.ones((8, n), np.int32), "labels": rng.integers(0, 2, (8,), dtype=np.int32)}
+               for n in (5, 9, 5)]
+    loss_fn = lambda out, b: losses.classification_loss(out.logits, b["labels"])  # noqa: E731
+    task = lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn)  # noqa: E731
+    results = []
+    for shared, ahead in ((False, False), (True, False), (True, True)):
+        step = engine.jit_train_step(task, tx, schedule, mesh, shardings, shared_update=shared)
+        assert isinstance(step, engine.SharedUpdateStep) == shared
+        state, history = engine.create_state(init, mesh, shardings), []
+        with jax.set_mesh(mesh):
+            batches_in = [engine.global_batch(b, mesh) for b in batches]
+            programs = {b["input_ids"].shape: step.lower(state, b).compile() for b in batches_in} if ahead else {}
+            for b in batches_in:
+                state, metrics = programs.get(b["input_ids"].shape, step)(state, b)
+                history.append(jax.device_get(metrics))
+        assert int(state.step) == 3
+        results.append((jax.device_get((state.params, state.opt_state)), history))
+        if shared:
+            assert step._cache_size() == (0 if ahead else 2)  # ahead: nothing compiled by the calls
+    (fused, fused_history), others = results[0], results[1:]
+    assert fused_history[0]["loss"] != fused_history[2]["loss"]  # the steps moved the parameters
+    for tree, history in others:
+        for m, f in zip(history, fused_history):
+            assert m.keys() == f.keys()
+            for name in f:
+                assert float(m[name]) == pytest.approx(float(f[name]), rel=1e-6), name
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8), tree, fused)
 
 
 def test_chrono_leaves_pauses_out():

@@ -231,12 +231,15 @@ def predict_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Modul
         return model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=True)
 
 
-def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss) -> tuple[Callable, Callable]:
+def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss,
+                  shared_update: bool = False) -> tuple[Callable, Callable]:
     """(train_step, predict_step) jitted with explicit shardings (`engine.jit_train_step`, state donated).
 
     Args:
       shardings: the TrainState tree of NamedShardings from `create_state`.
       loss_fn: (model outputs, batch) -> (float32 sum of the per-example losses, float32 count).
+      shared_update: the optimizer update as one program for every batch shape
+        (`engine.SharedUpdateStep`; config.shared_update of the GLUE, NER and SWAG jobs).
 
     The train step's metrics: loss (sum / count), grad_norm, learning_rate, float32 scalars. Every batch
     array (inputs [B, L], labels [B] or [B, ...]) is sharded over its rows (data, fsdp).
@@ -247,7 +250,7 @@ def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss) -> tu
         or shapes do not fit these shardings.
     """
     step = engine.jit_train_step(functools.partial(task_loss, model=model, loss_fn=loss_fn), tx, schedule, mesh,
-                                 shardings)
+                                 shardings, shared_update=shared_update)
     predict = engine.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params)
     return step, predict
 

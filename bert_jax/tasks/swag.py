@@ -92,7 +92,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def loss_fn(out, batch):  # softmax over the four choices
         return losses.classification_loss(out.logits, batch["labels"])
 
-    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)
+    step_fn, predict_fn = finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn,
+                                                 shared_update=config.get("shared_update", False))
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)
