@@ -267,31 +267,36 @@ class SharedUpdateStep:
     `step.lower(state, batch).compile()` -> a callable (state, batch) -> (state, metrics) with the gradient
     compiled for that batch's shapes and the update compiled once (safe from several threads). The
     result equals `train_step`'s (the same operations; XLA may order float32 sums differently).
-    Built by `jit_train_step(..., shared_update=True)`.
+    Built by `jit_train_step(..., shared_update=True)`. The gradient program holds no learning rate, so
+    the runs of a learning-rate sweep share it (e.g. through jax's persistent compilation cache).
+
+    Attributes:
+      gradients: the jitted `gradients`, (state, batch) -> (gradient tree, metrics).
+      update: the jitted `apply_gradients`, (state, gradient tree, metrics) -> (state, metrics).
     """
 
     def __init__(self, gradients_jit: Callable, update_jit: Callable):
-        self._gradients, self._update = gradients_jit, update_jit
+        self.gradients, self.update = gradients_jit, update_jit
         self._compiled_update = None
         self._lock = threading.Lock()
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        grads, metrics = self._gradients(state, batch)
-        return self._update(state, grads, metrics)
+        grads, metrics = self.gradients(state, batch)
+        return self.update(state, grads, metrics)
 
     def lower(self, state: TrainState, batch: Batch) -> "_SharedUpdateLowered":
         """The gradient lowered for `batch`'s shapes; `.compile()` also builds the update (once)."""
-        return _SharedUpdateLowered(self, self._gradients.lower(state, batch), state, batch)
+        return _SharedUpdateLowered(self, self.gradients.lower(state, batch), state, batch)
 
     def _cache_size(self) -> int:
         """Gradient programs compiled by calling the step (not through `lower`), as `jax.jit`'s."""
-        return self._gradients._cache_size()
+        return self.gradients._cache_size()
 
     def _update_program(self, state: TrainState, batch: Batch) -> Callable:
         with self._lock:
             if self._compiled_update is None:
-                grads, metrics = jax.eval_shape(self._gradients, state, batch)
-                self._compiled_update = self._update.lower(state, grads, metrics).compile()
+                grads, metrics = jax.eval_shape(self.gradients, state, batch)
+                self._compiled_update = self.update.lower(state, grads, metrics).compile()
             return self._compiled_update
 
 

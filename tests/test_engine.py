@@ -130,7 +130,8 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
 def test_shared_update_step_equals_the_one_program_step():
     """The update as one program for every batch shape (engine.SharedUpdateStep) takes the one-program
     step's steps: same parameters, optimizer state and metrics after steps at two lengths with dropout,
-    called directly and through lower().compile(); one update program serves both lengths."""
+    called directly and through lower().compile(); one update program serves both lengths; the gradient
+    program is the same for another learning rate."""
     bert = modeling.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                intermediate_size=37)
     model = heads.BertForSequenceClassification(bert, num_labels=2)
@@ -160,6 +161,16 @@ def test_shared_update_step_equals_the_one_program_step():
         results.append((jax.device_get((state.params, state.opt_state)), history))
         if shared:
             assert step._cache_size() == (0 if ahead else 2)  # ahead: nothing compiled by the calls
+    # the gradient program holds no learning rate: a sweep's runs share it, and only the update differs
+    other_config = glue_config.get_config("sst2")
+    other_config.learning_rate = 3e-4
+    other_tx, other_schedule = engine.create_optimizer(other_config, 10)
+    other = engine.jit_train_step(task, other_tx, other_schedule, mesh, shardings, shared_update=True)
+    with jax.set_mesh(mesh):
+        lowered = [x.gradients.lower(state, batches_in[0]).as_text() for x in (step, other)]
+        grads, metrics = step.gradients(state, batches_in[0])
+        updates = [x.update.lower(state, grads, metrics).as_text() for x in (step, other)]
+    assert lowered[0] == lowered[1] and updates[0] != updates[1]
     (fused, fused_history), others = results[0], results[1:]
     assert fused_history[0]["loss"] != fused_history[2]["loss"]  # the steps moved the parameters
     for tree, history in others:
