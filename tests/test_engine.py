@@ -93,17 +93,24 @@ def test_optimizer_from_pretraining_and_fine_tuning_configs():
         engine.create_optimizer(pre)
 
 
+def _classifier_on_one_device(bert: modeling.BertConfig, num_labels: int, task: str):
+    """(model, mesh, tx, schedule, init, state shardings) of a GLUE classifier over `bert` on one device,
+    the GLUE task's optimizer over 10 steps."""
+    model = heads.BertForSequenceClassification(bert, num_labels=num_labels)
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    tx, schedule = engine.create_optimizer(glue_config.get_config(task), 10)
+    ids = jnp.zeros((1, 7), jnp.int32)
+    init = engine.state_init(model, tx, 0, ids, ids, ids)
+    _, shardings = engine.state_shardings(init, mesh)
+    return model, mesh, tx, schedule, init, shardings
+
+
 def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     """The fine-tuning loss through engine.train_step: 2 micro-batches (the whole batch's row count as
     denominator) give the one-batch update (no dropout)."""
     bert = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = heads.BertForSequenceClassification(bert, num_labels=3)
-    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
-    tx, schedule = engine.create_optimizer(glue_config.get_config("mrpc"), 10)
-    ids = jnp.zeros((1, 7), jnp.int32)
-    init = engine.state_init(model, tx, 0, ids, ids, ids)
-    _, shardings = engine.state_shardings(init, mesh)
+    model, mesh, tx, schedule, init, shardings = _classifier_on_one_device(bert, 3, "mrpc")
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, 99, (12, 7), dtype=np.int32), "token_type_ids": np.zeros((12, 7), np.int32),
              "attention_mask": np.ones((12, 7), np.int32), "labels": rng.integers(0, 3, (12,), dtype=np.int32)}
@@ -134,12 +141,7 @@ def test_shared_update_step_equals_the_one_program_step():
     program is the same for another learning rate."""
     bert = modeling.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                intermediate_size=37)
-    model = heads.BertForSequenceClassification(bert, num_labels=2)
-    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
-    tx, schedule = engine.create_optimizer(glue_config.get_config("sst2"), 10)
-    ids = jnp.zeros((1, 7), jnp.int32)
-    init = engine.state_init(model, tx, 0, ids, ids, ids)
-    _, shardings = engine.state_shardings(init, mesh)
+    model, mesh, tx, schedule, init, shardings = _classifier_on_one_device(bert, 2, "sst2")
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(1, 99, (8, n), dtype=np.int32), "token_type_ids": np.zeros((8, n), np.int32),
                 "attention_mask": np.ones((8, n), np.int32), "labels": rng.integers(0, 2, (8,), dtype=np.int32)}
