@@ -302,6 +302,9 @@ class SharedUpdateStep:
 
 @dataclasses.dataclass
 class _SharedUpdateLowered:
+    """`SharedUpdateStep.lower`'s result: the gradient lowered for one batch's shapes, and what the update's
+    (one) compilation needs; `compile()` -> the callable (state, batch) -> (state, metrics)."""
+
     step: SharedUpdateStep
     lowered: Any
     state: Any
