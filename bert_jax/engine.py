@@ -286,33 +286,33 @@ class SharedUpdateStep:
 
     def lower(self, state: TrainState, batch: Batch) -> "_SharedUpdateLowered":
         """The gradient lowered for `batch`'s shapes; `.compile()` also builds the update (once)."""
-        return _SharedUpdateLowered(self, self.gradients.lower(state, batch), state, batch)
+        return _SharedUpdateLowered(self, self.gradients.lower(state, batch), state)
 
     def _cache_size(self) -> int:
         """Gradient programs compiled by calling the step (not through `lower`), as `jax.jit`'s."""
         return self.gradients._cache_size()
 
-    def _update_program(self, state: TrainState, batch: Batch) -> Callable:
+    def _update_program(self, state: TrainState, gradients_out: Any) -> Callable:
+        """The update compiled once, for `gradients_out` (the abstract (gradient tree, metrics) of a lowered
+        gradient program: the same for every batch shape)."""
         with self._lock:
             if self._compiled_update is None:
-                grads, metrics = jax.eval_shape(self.gradients, state, batch)
-                self._compiled_update = self.update.lower(state, grads, metrics).compile()
+                self._compiled_update = self.update.lower(state, *gradients_out).compile()
             return self._compiled_update
 
 
 @dataclasses.dataclass
 class _SharedUpdateLowered:
-    """`SharedUpdateStep.lower`'s result: the gradient lowered for one batch's shapes, and what the update's
-    (one) compilation needs; `compile()` -> the callable (state, batch) -> (state, metrics)."""
+    """`SharedUpdateStep.lower`'s result: the gradient lowered for one batch's shapes and the state the
+    update's (one) compilation needs; `compile()` -> the callable (state, batch) -> (state, metrics)."""
 
     step: SharedUpdateStep
     lowered: Any
     state: Any
-    batch: Any
 
     def compile(self) -> Callable:
         gradients_program = self.lowered.compile()
-        update_program = self.step._update_program(self.state, self.batch)
+        update_program = self.step._update_program(self.state, self.lowered.out_info)
 
         def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
             return update_program(state, *gradients_program(state, batch))
