@@ -19,13 +19,13 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax import aot, kernels, train  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 SETS = ("reference", "tpu", "xla_cpu")
 
 
 def measure(size: str, topology: str, kernel_set: str, dtype: str, phases: str = "") -> list[dict]:
-    """Compiles every phase (or those in `phases`, comma-separated indices) of `configs/pretrain.py:<size>`
+    """Compiles every phase (or those in `phases`, comma-separated indices) of `bert_jax/configs/pretrain.py:<size>`
     for `topology` with `kernel_set`: "reference", "tpu", "xla_cpu", or one with a kernel swapped in from the
     other set ("reference+dropout": reference with xla_cpu's dropout; "xla_cpu-gelu": xla_cpu with the
     reference GELU) -> per phase: bytes accessed, temporary bytes, FLOPs (per device and step)."""

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import train_step as bench  # noqa: E402
 from bert_jax import flops, modeling  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 
 def step_gemms(config: modeling.BertConfig, batch: int, length: int, predictions: int):

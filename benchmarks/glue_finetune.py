@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.tasks import glue  # noqa: E402
-from configs import glue as glue_config  # noqa: E402
+from bert_jax.configs import glue as glue_config  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 

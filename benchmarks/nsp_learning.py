@@ -31,7 +31,7 @@ DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "da
 
 from bert_jax import train  # noqa: E402
 from bert_jax.data import corpus, pretraining, tokenization  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 LENGTH, PREDICTIONS = 64, 10
 

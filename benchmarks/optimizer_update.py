@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from bert_jax import sharding, train  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 
 def make_update(tx, params, grads):

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from bert_jax import experiment, sharding, train  # noqa: E402
 from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 CORPORA = ("gutenberg", "wikitext", "squad")

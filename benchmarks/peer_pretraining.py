@@ -3,7 +3,7 @@ the same batches with the same recipe as `bert_jax.train.train_and_evaluate`, ex
 directories that `bert_jax.convert.from_hf` and bert_jax's fine-tuning jobs load
 (`--config.init_checkpoint=<out_dir>/hf`).
 
-  .venv/bin/python benchmarks/peer_pretraining.py --config configs/pretrain.py:transfer --out_dir DIR \\
+  .venv/bin/python benchmarks/peer_pretraining.py --config pretrain:transfer --out_dir DIR \\
       --vocab_file V --config.phases[0].data_dir=... --config.phases[1].data_dir=... \\
       [--max_steps N] [--export_steps 2000,4000] [--log_every N] [--threads N]
 
@@ -248,7 +248,7 @@ def pretrain_peer(config, out_dir: str, vocab_file: str, *, max_steps: int | Non
     """Pre-trains transformers' BertForPreTraining per `config` on bert_jax's batches (module docstring).
 
     Args:
-      config: a configs/pretrain.py config (`get_config(...)` with its overrides); not modified.
+      config: a bert_jax/configs/pretrain.py config (`get_config(...)` with its overrides); not modified.
       out_dir: output directory (created); metrics.jsonl, tensorboard/, hf-<step>/ and hf/ are replaced.
       vocab_file: the vocabulary the instances were made with, copied into each export as vocab.txt.
       max_steps: stop after this step (short runs); default config.total_steps. The schedule is still
@@ -361,9 +361,9 @@ def main(argv):
 
 def _define_flags():
     from absl import flags
-    from ml_collections import config_flags
+    from bert_jax import configs
 
-    config_flags.DEFINE_config_file("config", None, "bert_jax pre-training config, e.g. configs/pretrain.py:tiny.")
+    configs.define_flag("bert_jax pre-training config, e.g. pretrain:tiny (a recipe name, or a config file path).")
     flags.DEFINE_string("out_dir", None, "Output directory: metrics.jsonl, tensorboard/, hf/, hf-<step>/.")
     flags.DEFINE_string("vocab_file", None, "The vocabulary the instances were made with (copied into hf/).")
     flags.DEFINE_integer("max_steps", None, "Stop after this step (default: config.total_steps).")

@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax.data import squad as squad_data  # noqa: E402
 from bert_jax.tasks import squad, squad_eval  # noqa: E402
-from configs import squad as squad_config  # noqa: E402
+from bert_jax.configs import squad as squad_config  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 

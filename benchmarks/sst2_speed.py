@@ -10,11 +10,11 @@ lr 2e-5 (--learning_rate), 10% warmup then linear decay, weight decay 0.01 (not 
 LayerNorm), eps 1e-6, clipping at 1.0, dropout 0.1, float32, on the CPU with all its cores; then both
 predict the 872 dev sentences.
 
-  ours   `bert_jax.tasks.glue.run` with configs/glue.py:sst2's dynamic padding (`finetune.Padding`:
+  ours   `bert_jax.tasks.glue.run` with bert_jax/configs/glue.py:sst2's dynamic padding (`finetune.Padding`:
          batches padded to their longest sentence rounded up to one of at most --max_length_buckets
          lengths placed on the epoch's batches, multiples of --length_buckets, each saving at least
          --bucket_program_tokens padded tokens; length-grouped batches),
-         one CPU device, the optimizer update one program for every bucket (configs/glue.py's
+         one CPU device, the optimizer update one program for every bucket (bert_jax/configs/glue.py's
          shared_update; --no-shared_update: one whole-step program per bucket); its train_seconds (building
          the bucket programs before the first step included).
   peer   transformers `Trainer` (`TrainingArguments(group_by_length=True)`: LengthGroupedSampler,
@@ -101,7 +101,7 @@ from bert_jax import host_malloc  # noqa: E402
 from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.data.tokenization import Tokenizer  # noqa: E402
 from bert_jax.tasks import finetune, glue  # noqa: E402
-from configs import glue as glue_config  # noqa: E402
+from bert_jax.configs import glue as glue_config  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 BATCH, LENGTH = 32, 128
@@ -114,7 +114,7 @@ def minilm_dir() -> str:
 
 
 def ours(args, length_buckets: int, learning_rate: float | None = None) -> dict:
-    """Our GLUE job (configs/glue.py:sst2 with the benchmark's recipe; learning_rate: default
+    """Our GLUE job (bert_jax/configs/glue.py:sst2 with the benchmark's recipe; learning_rate: default
     args.learning_rate) -> its metrics, plus padded_tokens (the training batches' input_ids elements of the
     first epoch, as fit draws them)."""
     config = glue_config.get_config("sst2")

@@ -42,7 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bert_jax import flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
-from configs import pretrain  # noqa: E402
+from bert_jax.configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
 LENGTH, PREDICTIONS = 128, 20

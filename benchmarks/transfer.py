@@ -9,7 +9,7 @@ Stages (bert_jax.experiment):
      SST-2 and MRPC: in-domain text; dev text never), original format;
   2. a WordPiece vocabulary of `--vocab_size` on it (or `--vocab_file`), instances for both phases of the
      recipe (`--dynamic`: the corpus tokenized once, instances drawn while training);
-  3. pre-training with `configs/pretrain.py:<recipe>` (both phases, one CPU device), checkpoints at the
+  3. pre-training with `bert_jax/configs/pretrain.py:<recipe>` (both phases, one CPU device), checkpoints at the
      curve points; wall time, steps and tokens (non-padding) recorded;
   4. the transfer-versus-step curve: `--curve_probe` fine-tuned from each checkpoint (seed 0) beside
      random init, with the MLM / NSP accuracy at that step and the frozen features' linear probe
@@ -115,16 +115,15 @@ def feature_probe(init_checkpoint, vocab_file, model, train_examples=2000, max_s
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from bert_jax import extract_features, modeling
+    from bert_jax import extract_features, initialisation, modeling
     from bert_jax.data import glue
     from bert_jax.data.tokenization import Tokenizer
-    from bert_jax.tasks import finetune
 
     tokenizer = Tokenizer(vocab_file)
     folder = DATA / "glue" / "SST-2"
     splits = {"train": glue.read_glue_tsv("sst2", str(folder / "train.tsv"))[:train_examples],
               "dev": glue.read_glue_tsv("sst2", str(folder / "dev.tsv"))}
-    init = (finetune.Initialisation("random", "", modeling.BertConfig.from_dict(model)) if not init_checkpoint
+    init = (initialisation.Initialisation("random", "", modeling.BertConfig.from_dict(model)) if not init_checkpoint
             else None)
     features, labels = {}, {}
     for split, examples in splits.items():
@@ -146,7 +145,7 @@ def feature_probe(init_checkpoint, vocab_file, model, train_examples=2000, max_s
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--recipe", default="transfer", help="configs/pretrain.py config name")
+    parser.add_argument("--recipe", default="transfer", help="bert_jax/configs/pretrain.py config name")
     parser.add_argument("--sources", default=DEFAULT_SOURCES)
     parser.add_argument("--vocab_size", type=int, default=8000, help="WordPieces trained on the corpus")
     parser.add_argument("--vocab_file", default="",
@@ -173,7 +172,7 @@ def main():
     from bert_jax import experiment, storage, summaries, train
     from bert_jax.data.tokenization import Tokenizer
     from bert_jax.data.vocab import train_vocab
-    from configs import pretrain
+    from bert_jax.configs import pretrain
 
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)

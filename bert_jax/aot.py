@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the real train step for a TPU topology, on any machine.
 
   pip install 'libtpu==0.0.42.*'   # the version jax 0.10.2 pairs with; no TPU needed
-  python -m bert_jax.aot --config configs/pretrain.py:base --topology v3-32
+  python -m bert_jax.aot --config pretrain:base --topology v3-32
 
 Lowers and compiles, for every phase, the very train step `bert_jax.train` runs (`train.build`: the
 same jitted function, shardings, donation and grad_accum_steps) on the topology's compile-only devices
@@ -181,9 +181,9 @@ def main(argv):
 
 if __name__ == "__main__":
     from absl import app, flags
-    from ml_collections import config_flags
+    from bert_jax import configs
 
-    config_flags.DEFINE_config_file("config", None, "Pre-training config, e.g. configs/pretrain.py:base.")
+    configs.define_flag("Pre-training config, e.g. pretrain:base (a recipe name, or a config file path).")
     flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}.")
     flags.mark_flags_as_required(["config"])
     app.run(main)

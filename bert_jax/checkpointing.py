@@ -268,15 +268,8 @@ def _key_name(key: Any) -> str:
     return str(key)
 
 
-def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
-    """Compares the array shapes recorded in a checkpoint's `state` metadata (Orbax's tree metadata)
-    with `target` = {path prefix: tree of arrays or ShapeDtypeStructs} ("" = the whole state,
-    "params" = that subtree).
-
-    Raises:
-      CheckpointMismatch: a target array missing from the checkpoint or stored with another shape (names it).
-      Exception: whatever Orbax raises when the metadata cannot be read (an unreadable checkpoint).
-    """
+def _stored_shapes(step_dir: str) -> dict[str, tuple[int, ...]]:
+    """{"/"-joined path: shape} of every array of a checkpoint's `state` item (Orbax's tree metadata)."""
     from absl import logging
 
     verbosity = logging.get_verbosity()
@@ -286,8 +279,31 @@ def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
     finally:
         logging.set_verbosity(verbosity)
     tree = getattr(metadata, "item_metadata", metadata)
-    stored = {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
-              for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def stored_params(step_dir: str) -> dict[str, tuple[int, ...]]:
+    """{"/"-joined parameter path (e.g. "bert/embeddings/word_embeddings/embedding"): shape} of the params a
+    checkpoint `<checkpoints>/<step>` holds, read from its metadata (no array is read).
+
+    Raises:
+      Exception: whatever Orbax raises when the metadata cannot be read.
+    """
+    return {path[len("params/"):]: shape for path, shape in _stored_shapes(step_dir).items()
+            if path.startswith("params/")}
+
+
+def check_shapes(step_dir: str, target: dict[str, Any]) -> None:
+    """Compares the array shapes recorded in a checkpoint's `state` metadata (Orbax's tree metadata)
+    with `target` = {path prefix: tree of arrays or ShapeDtypeStructs} ("" = the whole state,
+    "params" = that subtree).
+
+    Raises:
+      CheckpointMismatch: a target array missing from the checkpoint or stored with another shape (names it).
+      Exception: whatever Orbax raises when the metadata cannot be read (an unreadable checkpoint).
+    """
+    stored = _stored_shapes(step_dir)
     # The tree as saved (Orbax's _METADATA file): an array named there but without readable metadata
     # is damage, not another model.
     saved = json.loads(storage.read_text(storage.join(step_dir, "state", "_METADATA")))["tree_metadata"]

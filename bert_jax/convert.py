@@ -334,7 +334,8 @@ def init_params(config: BertConfig, seed: int = 0) -> dict:
     return nn.unbox(jax.jit(model.init)(jax.random.key(seed), ids, masked_lm_positions=ids))["params"]
 
 
-def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_overrides) -> tuple[BertConfig, dict]:
+def from_hf(path: str, *, strict: bool = False, seed: int = 0, fresh: list | None = None,
+            **config_overrides) -> tuple[BertConfig, dict]:
     """Loads a Hugging Face BERT directory into bert_jax.
 
     Args:
@@ -343,6 +344,8 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
         without the `bert.` prefix.
       strict: raise instead of reporting missing heads or unknown tensors.
       seed: PRNG seed for heads that the file lacks.
+      fresh: when given, extended with the "/"-joined paths of the parameters the file lacks (initialised
+        with `seed`), e.g. "nsp/kernel".
       **config_overrides: BertConfig fields to replace (e.g. dtype="bfloat16", scan_layers=True).
 
     Returns:
@@ -397,14 +400,16 @@ def from_hf(path: str, *, strict: bool = False, seed: int = 0, **config_override
                              "bert_jax ties the MLM decoder to them, as the original BERT")
     unknown = sorted(set(tensors) - used - _IGNORED)
     return config, _complete(config, flat, expected, missing_heads, unknown, strict=strict, seed=seed,
-                             source=weight_file, noun="tensors")
+                             source=weight_file, noun="tensors", fresh=fresh)
 
 
 def _complete(config: BertConfig, flat: dict, expected: Mapping[str, Any], missing_heads: Sequence[str],
-              unknown: Sequence[str], *, strict: bool, seed: int, source: str, noun: str) -> dict:
+              unknown: Sequence[str], *, strict: bool, seed: int, source: str, noun: str,
+              fresh: list | None = None) -> dict:
     """The reports shared by `from_hf` and `from_tf_checkpoint`, then the tree: heads missing from the
     file initialised with `seed`, layers stacked with scan_layers. `flat` ("/"-joined paths -> arrays) is
-    filled in place; `noun` names the file's entries in messages ("tensors", "variables").
+    filled in place; `noun` names the file's entries in messages ("tensors", "variables"); `fresh`, when
+    given, is extended with the paths initialised here.
 
     Raises:
       ValueError: with strict, one line naming `source`, the missing heads and the unknown entries.
@@ -416,10 +421,12 @@ def _complete(config: BertConfig, flat: dict, expected: Mapping[str, Any], missi
         log.warning("%s: %d %s not used by BertForPreTraining: %s", source, len(unknown), noun, list(unknown))
     if missing_heads:
         log.warning("%s: heads absent, initialised with seed %d: %s", source, seed, list(missing_heads))
-        fresh = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
+        initial = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
         for path_ in expected:  # the pre-training tree's; a task head read above is kept as read
             if path_ not in flat:
-                flat[path_] = np.asarray(fresh[path_])
+                flat[path_] = np.asarray(initial[path_])
+                if fresh is not None:
+                    fresh.append(path_)
     params = traverse_util.unflatten_dict(flat, sep="/")
     if config.scan_layers:
         params = stack_layers(params, config.num_hidden_layers)
@@ -504,7 +511,7 @@ def _import_tensorflow(what: str):
     return tf
 
 
-def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0,
+def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0, fresh: list | None = None,
                        **config_overrides) -> tuple[BertConfig, dict]:
     """Loads one of Google's original TensorFlow BERT checkpoints (google-research/bert) into bert_jax.
 
@@ -530,6 +537,7 @@ def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0,
       strict: raise instead of reporting missing heads (`cls/*`, `bert/pooler/*`) or unknown variables
         (e.g. a fine-tuned classifier's `output_weights`).
       seed: PRNG seed for heads that the checkpoint lacks.
+      fresh: as `from_hf`'s.
       **config_overrides: BertConfig fields to replace (e.g. dtype="bfloat16", scan_layers=True).
 
     Returns:
@@ -586,7 +594,7 @@ def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0,
     unknown = sorted(name for name in set(shapes) - used - _TF_IGNORED
                      if not _TF_IGNORED_PARTS.intersection(name.split("/")))
     return config, _complete(config, flat, expected, missing_heads, unknown, strict=strict, seed=seed,
-                             source=prefix, noun="variables")
+                             source=prefix, noun="variables", fresh=fresh)
 
 
 def _atomic_write(path: str, write: Callable[[str], None]) -> None:

@@ -13,7 +13,7 @@ Stages (each the library call or command a user would make, with progress bars):
   3. the corpus tokenized once (`bert_jax.data.document_shards`), from which both phases draw their
      instances and masks while training, packed several per row (`bert_jax.data.dynamic`, `packing`);
      --nodynamic: static instances for each phase (`bert_jax.data.pretraining.create_pretraining_data`);
-  4. pre-training of the tiny BERT (`configs/pretrain.py:demo`) through both phases in one run on 8
+  4. pre-training of the tiny BERT (`bert_jax/configs/pretrain.py:demo`) through both phases in one run on 8
      simulated CPU devices (mesh data 4 x tensor 2), with Orbax checkpoints;
   5. fine-tuning, each in a fresh process as a user's job, from the final checkpoint and, beside it,
      from random initialisation with the same recipe (`bert_jax.experiment.PROBES`): SST-2 on 2000
@@ -111,9 +111,9 @@ def find_sst2(glue_dir: str | None) -> str | None:
 
 
 def pretrain_config(workdir: str, vocab_size: int, total_steps: int | None, dynamic: bool = True):
-    """configs/pretrain.py:demo with this demo's vocabulary, data folders and mesh (data 4 x tensor 2);
+    """bert_jax/configs/pretrain.py:demo with this demo's vocabulary, data folders and mesh (data 4 x tensor 2);
     dynamic: both phases draw from one tokenized-documents folder, packed."""
-    from configs import pretrain
+    from bert_jax.configs import pretrain
 
     config = pretrain.get_config("demo")
     config.model.vocab_size = vocab_size

@@ -162,7 +162,7 @@ class Probe:
     Attributes:
       task: "sst2" | "mrpc" (GLUE job, dev accuracy) or "squad" (SQuAD v1.1 job, dev F1).
       metric: the metrics.json key compared (percent).
-      overrides: config fields set on top of configs/glue.py:<task> or configs/squad.py.
+      overrides: config fields set on top of bert_jax/configs/glue.py:<task> or bert_jax/configs/squad.py.
     """
 
     task: str
@@ -219,8 +219,8 @@ def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml
     Raises:
       ValueError: unknown probe.
     """
-    from configs import glue as glue_config
-    from configs import squad as squad_config
+    from bert_jax.configs import glue as glue_config
+    from bert_jax.configs import squad as squad_config
 
     if probe not in PROBES:
         raise ValueError(f"probe {probe!r} is not one of {sorted(PROBES)}")
@@ -247,23 +247,22 @@ def probe_command(probe: str, workdir: str, **kwargs) -> list[str]:
     that differs from that config file's default, `--workdir`. `kwargs` as `probe_config`."""
     import sys
 
-    from configs import glue as glue_config
-    from configs import squad as squad_config
+    from bert_jax.configs import glue as glue_config
+    from bert_jax.configs import squad as squad_config
 
     spec = PROBES[probe]
     config = probe_config(probe, **kwargs).to_dict()
     if spec.task == "squad":
-        module, config_file, default = "squad", "configs/squad.py:tiny", squad_config.get_config("tiny").to_dict()
+        module, config_file, default = "squad", "squad:tiny", squad_config.get_config("tiny").to_dict()
     else:
-        module, config_file = "glue", f"configs/glue.py:{spec.task}"
+        module, config_file = "glue", f"glue:{spec.task}"
         default = glue_config.get_config(spec.task).to_dict()
     flags = []
     for key, value in config.items():
         pairs = ([(f"{key}.{k}", v, default[key].get(k)) for k, v in value.items()] if isinstance(value, dict)
                  else [(key, value, default.get(key))])
         flags += [f"--config.{name}={v}" for name, v, d in pairs if v != d]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [sys.executable, "-m", f"bert_jax.tasks.{module}", "--config", os.path.join(root, config_file), *flags,
+    return [sys.executable, "-m", f"bert_jax.tasks.{module}", "--config", config_file, *flags,
             f"--workdir={workdir}"]
 
 

@@ -26,9 +26,9 @@ K*D]; json: one "layers" entry whose "index" is the list of indices): the paper'
 setting (Table 7, "Concat Last Four Hidden", the default --layers).
 The output file is written under a temporary name beside it and renamed when complete (a local path).
 
-Encoder (`--init_checkpoint`): whatever fine-tuning accepts (`tasks.finetune.resolve_init`): a Hugging
+Encoder (`--init_checkpoint`): whatever fine-tuning accepts (`bert_jax.initialisation.resolve`): a Hugging
 Face directory, a bert_jax pre-training workdir or one of its `checkpoints/<step>`; `--vocab_file` as
-fine-tuning's (default: the Hugging Face directory's vocab.txt). The encoder runs in float32, in one
+fine-tuning's (default: the source's vocab.txt and casing). The encoder runs in float32, in one
 process, data parallel over --num_devices devices (default all; `engine.make_mesh`); each batch is padded
 to a length bucket (16, 32, 64, ... capped at max_seq_length), which leaves real tokens' values unchanged.
 
@@ -55,7 +55,7 @@ import optax
 from absl import app, flags, logging
 from etils import epath
 
-from bert_jax import engine, modeling, sharding, storage
+from bert_jax import engine, initialisation, modeling, sharding, storage
 from bert_jax.data.glue import truncate_seq_pair
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune
@@ -190,8 +190,8 @@ class _LayerFeatures(nn.Module):
         return jnp.stack([encoder_layers[i] for i in self.layers], axis=2).astype(jnp.float32)
 
 
-def _job_config(init_checkpoint: str, vocab_file: str, do_lower_case: bool) -> ml_collections.ConfigDict:
-    """The fields of a fine-tuning config that `finetune.resolve_init` / `load_tokenizer` read."""
+def _job_config(init_checkpoint: str, vocab_file: str, do_lower_case: bool | None) -> ml_collections.ConfigDict:
+    """The fields of a fine-tuning config that `initialisation.resolve` / `finetune.load_tokenizer` read."""
     model = ml_collections.ConfigDict(dataclasses.asdict(modeling.BertConfig()))  # compute options: float32
     return ml_collections.ConfigDict(dict(init_checkpoint=init_checkpoint, vocab_file=vocab_file,
                                           do_lower_case=do_lower_case, model=model))
@@ -226,7 +226,7 @@ def extract(init_checkpoint: str, features: Sequence[Feature], layers: str, *, i
     [num_tokens, K, D]: the outputs of the K `layers` (a --layers string, see `parse_layers`) at its tokens.
 
     Args:
-      init: `finetune.resolve_init`'s Initialisation of init_checkpoint, when the caller has it.
+      init: `initialisation.resolve`'s Initialisation of init_checkpoint, when the caller has it.
       batch_size: examples per forward pass (rounded up to a multiple of the device count with padding rows).
       num_devices: devices of the data-parallel mesh (0: all).
 
@@ -236,12 +236,13 @@ def extract(init_checkpoint: str, features: Sequence[Feature], layers: str, *, i
     Raises (on the first `next`):
       ValueError: bad --layers (`parse_layers`), batch_size < 1, max_seq_length over the model's
         max_position_embeddings, num_devices outside [0, device count]; bad checkpoints as
-        `finetune.resolve_init`.
-      FileNotFoundError: init_checkpoint holds no encoder (`finetune.resolve_init`).
+        `initialisation.resolve`.
+      FileNotFoundError: init_checkpoint holds no encoder (`initialisation.resolve`).
     """
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be positive")
-    init = init or finetune.resolve_init(_job_config(init_checkpoint, "", True))
+    init = init or initialisation.resolve(init_checkpoint, _job_config(init_checkpoint, "", None).model,
+                                          field="--init_checkpoint")
     config = init.config
     indices = parse_layers(layers, config.num_hidden_layers)
     if max_seq_length > config.max_position_embeddings:
@@ -359,8 +360,9 @@ def _define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
             "inputs are truncated.")
     string("init_checkpoint", None, "The encoder: a Hugging Face directory, a bert_jax pre-training workdir or "
            "<workdir>/checkpoints/<step>.")
-    string("vocab_file", "", "WordPiece vocabulary (default: the Hugging Face directory's vocab.txt).")
-    boolean("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+    string("vocab_file", "", "WordPiece vocabulary (default: the vocab.txt of --init_checkpoint).")
+    boolean("do_lower_case", None, "Lower-case and strip accents (uncased models); default: the casing recorded "
+            "with --init_checkpoint, else True.")
     integer("batch_size", 32, "Examples per forward pass.")
     flags.DEFINE_enum("output_format", "json", list(OUTPUT_FORMATS), "json: the original's JSON lines; npz: "
                       "float32 arrays per example (large inputs).", flag_values=flag_values)
@@ -392,7 +394,7 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> in
         parse_layers(f.layers)  # the syntax, before any work
         examples = read_examples(f.input_file)
         job = _job_config(f.init_checkpoint, f.vocab_file, f.do_lower_case)
-        init = finetune.resolve_init(job)
+        init = initialisation.resolve(job.init_checkpoint, job.model, field="--init_checkpoint")
         layers = parse_layers(f.layers, init.config.num_hidden_layers)  # before the encoder is built
         features = convert_examples(examples, finetune.load_tokenizer(job, init), f.max_seq_length)
         values = extract(f.init_checkpoint, features, f.layers, init=init, batch_size=f.batch_size,

@@ -1,6 +1,6 @@
 """BERT pre-training over a device mesh: sharded state, one jitted step, two phases, exact resume.
 
-  python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
+  python -m bert_jax.train --config pretrain:tiny --workdir /tmp/run \\
       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
 
 Design: `bert_jax.engine` is the machinery (mesh, optimizer, sharded state, step, timer); this module
@@ -36,7 +36,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, distributed, engine, flops, losses, modeling, sharding, storage, summaries
+from bert_jax import (checkpointing, convert, distributed, engine, flops, initialisation, losses, modeling, sharding,
+                      storage, summaries)
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -96,10 +97,87 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     return phases
 
 
-def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-    """The mesh of `config.mesh` (`engine.make_mesh`: a preset, or data/fsdp/tensor sizes over the first
-    num_devices)."""
-    return engine.make_mesh(config.mesh)
+def resolve_init(config: ml_collections.ConfigDict, workdir: str
+                 ) -> tuple[ml_collections.ConfigDict, initialisation.Initialisation | None]:
+    """The run's config and the source of its initial weights (google-research/bert's --init_checkpoint).
+
+    With config.init_checkpoint set and no checkpoint in `workdir` yet: the source resolved
+    (`initialisation.resolve`), its architecture replacing the config's (`ARCHITECTURE_FIELDS`, and the
+    layer layout of a bert_jax run; one line names the fields that changed); compute options and dropout
+    stay the config's. With checkpoints in `workdir` the run resumes from them and the source is not read:
+    the architecture is the workdir's bert_config.json. Without init_checkpoint: (config, None).
+
+    Raises:
+      FileNotFoundError / ValueError / ImportError: from `initialisation.resolve` (a source that does not
+        exist, of no known format, or unreadable).
+    """
+    path = config.get("init_checkpoint", "")
+    if not path:
+        return config, None
+    if checkpointing.has_checkpoints(storage.join(workdir, "checkpoints")):
+        _say(f"train: {workdir} holds checkpoints: resuming from them, config.init_checkpoint={path!r} is not read")
+        saved = storage.join(workdir, convert.TF_CONFIG_NAME)
+        if not storage.is_file(saved):
+            return config, None
+        return _with_architecture(config, modeling.BertConfig.from_dict(storage.read_json(saved))), None
+    init = initialisation.resolve(path, config.model)
+    changes = initialisation.architecture_changes(config.model, init.config)
+    if changes:
+        _say(f"train: architecture from config.init_checkpoint={path!r}: "
+             + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
+    return _with_architecture(config, init.config), init
+
+
+def _with_architecture(config: ml_collections.ConfigDict, source: modeling.BertConfig) -> ml_collections.ConfigDict:
+    """A copy of `config` whose model has `source`'s architecture fields and layer layout."""
+    config = config.copy_and_resolve_references()
+    values = source.to_dict()
+    with config.unlocked():
+        for field in (*initialisation.ARCHITECTURE_FIELDS, "scan_layers"):
+            config.model[field] = values[field]
+    return config
+
+
+def data_vocabulary(config: ml_collections.ConfigDict, init: initialisation.Initialisation | None
+                    ) -> tuple[str | None, bool]:
+    """The vocabulary file and casing of the run's data (the first phase's vocab.txt and metadata.json),
+    checked against every phase and against the source of `init`.
+
+    Returns:
+      (the data's vocab.txt, or None for instances written without one; do_lower_case, True if unrecorded).
+
+    Raises:
+      ValueError: phases built with different vocabularies; a data vocabulary larger than the source's
+        embeddings, or whose sha256 differs from the vocab.txt beside the source, or another casing
+        (one line naming both).
+    """
+    metas = [(p.data_dir, storage.read_json(storage.join(p.data_dir, "metadata.json"))) for p in config.phases]
+    first_dir, first = metas[0]
+    for data_dir, meta in metas[1:]:
+        if meta.get("vocab_sha256") != first.get("vocab_sha256"):
+            raise ValueError(f"{data_dir} and {first_dir} were built with different vocabularies")
+    casing = first.get("do_lower_case", first.get("flags", {}).get("do_lower_case"))
+    vocab_file = storage.join(first_dir, initialisation.VOCAB_NAME)
+    vocab_file = vocab_file if storage.is_file(vocab_file) else None
+    if init is not None:
+        source = f"config.init_checkpoint={init.path!r}"
+        if first.get("vocab_size", 0) > init.config.vocab_size:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has a vocabulary of {first['vocab_size']} "
+                             f"tokens, more than the {init.config.vocab_size} embeddings of {source}")
+        if init.vocab_file and first.get("vocab_sha256") and \
+                initialisation.file_sha256(init.vocab_file) != first["vocab_sha256"]:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} was tokenized with another vocabulary than "
+                             f"{init.vocab_file} of {source} (sha256 differs)")
+        if init.do_lower_case is not None and casing is not None and init.do_lower_case != casing:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has do_lower_case={casing}, {source} "
+                             f"do_lower_case={init.do_lower_case}")
+    return vocab_file, True if casing is None else bool(casing)
+
+
+def _say(line: str) -> None:
+    """One line to stderr from the first process."""
+    if jax.process_index() == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
@@ -378,7 +456,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     """Pre-trains according to `config`, writing checkpoints and summaries under `workdir`.
 
     Args:
-      config: a configs/pretrain.py config.
+      config: a bert_jax/configs/pretrain.py config.
       workdir: run directory (local or gs://): checkpoints/, tensorboard/; resumes from the latest
         checkpoint in it.
       max_steps: stop after this global step (for tests and benchmarks); default total_steps.
@@ -395,9 +473,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
-    mesh = make_mesh(config)
+    mesh = engine.make_mesh(config.mesh)
+    config, init = resolve_init(config, workdir)
     phases = validate(config, mesh)
-    run = _Run(config, workdir, mesh, phases, build(config, mesh), max_steps)
+    vocab_file, do_lower_case = data_vocabulary(config, init)
+    program = build(config, mesh)
+    if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
+        initialisation.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
+    run = _Run(config, workdir, mesh, phases, program, max_steps, init)
     try:
         with jax.set_mesh(mesh):
             while run.step < run.final_step:
@@ -424,7 +507,8 @@ class _Run:
     checkpointer, summaries, timer, and the previous step's metrics, checked for non-finite values one
     step late (so the next step is dispatched first) and always before a checkpoint."""
 
-    def __init__(self, config, workdir: str, mesh, phases: list[Phase], program: Program, max_steps: int | None):
+    def __init__(self, config, workdir: str, mesh, phases: list[Phase], program: Program, max_steps: int | None,
+                 init: initialisation.Initialisation | None = None):
         self.config, self.mesh, self.phases, self.program = config, mesh, phases, program
         self.is_main = jax.process_index() == 0
         self.checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
@@ -434,6 +518,12 @@ class _Run:
         if latest is None:
             state, _ = create_train_state(program.model, program.tx, mesh, config.seed, program.shardings,
                                           initial_mlm_bias(config))
+            if init is not None:  # the source's weights; step, optimizer state and data start fresh
+                params, fresh = initialisation.load_params(init, state.params, program.shardings.params, mesh)
+                state = state.replace(params=params)
+                if fresh:
+                    _say(f"train: not in config.init_checkpoint={init.path!r}, initialised fresh: "
+                         f"{initialisation.summarize_paths(fresh)}")
         elif self.is_main:
             print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
         self.state, self.saved = state, {latest}
@@ -592,9 +682,9 @@ def main(argv):
 
 def _define_flags():
     from absl import flags
-    from ml_collections import config_flags
+    from bert_jax import configs
 
-    config_flags.DEFINE_config_file("config", None, "Pre-training config file, e.g. configs/pretrain.py:tiny.")
+    configs.define_flag("Pre-training config file, e.g. pretrain:tiny (a recipe name, or a config file path).")
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints and TensorBoard summaries.")
     flags.DEFINE_integer("max_steps", None, "Stop after this step (default: config.total_steps).")
     distributed.define_flags()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pre-training (or any bert_jax entry point) on a laptop CPU with 8 simulated devices: the same code and
 # flags as on a TPU pod, e.g.
-#   launch/local_cpu.sh --config configs/pretrain.py:tiny --workdir /tmp/run \
+#   launch/local_cpu.sh --config pretrain:tiny --workdir /tmp/run \
 #       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2 --config.mesh.tensor=2
 # BERT_JAX_MODULE picks another entry point (default bert_jax.train). glibc's malloc is tuned so that XLA:CPU
 # keeps each step's temporary buffer mapped between steps (bert_jax/host_malloc.py; BERT_JAX_MALLOC_TUNING=off

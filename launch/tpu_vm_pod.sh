@@ -5,7 +5,7 @@
 # a failed step, or Ctrl-C / SIGTERM). --dry_run prints every command instead of running it.
 #
 #   launch/tpu_vm_pod.sh --name bert-base --zone europe-west4-a --accelerator_type v3-32 \
-#       --workdir gs://my-bucket/bert-base -- --config configs/pretrain.py:base \
+#       --workdir gs://my-bucket/bert-base -- --config pretrain:base \
 #       --config.model.dtype=bfloat16 --config.phases[0].data_dir=gs://my-bucket/p1 \
 #       --config.phases[1].data_dir=gs://my-bucket/p2
 #

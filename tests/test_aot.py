@@ -12,7 +12,7 @@ pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.
 
 
 def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
-    cmd = [sys.executable, "-m", "bert_jax.aot", "--config", "configs/pretrain.py:tiny", "--topology", "v3-8",
+    cmd = [sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny", "--topology", "v3-8",
            "--config.model.dtype=bfloat16", "--config.total_steps=1000"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -30,14 +30,14 @@ def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
 
 
 def test_unknown_topology_is_one_line():
-    result = subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config", "configs/pretrain.py:tiny",
+    result = subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny",
                              "--topology", "v9-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "--topology 'v9-1' is not one of" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_unknown_mesh_preset_and_positional_arguments_are_one_line():
-    base = [sys.executable, "-m", "bert_jax.aot", "--config", "configs/pretrain.py:tiny", "--topology", "v3-8"]
+    base = [sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny", "--topology", "v3-8"]
     result = subprocess.run(base + ["--config.mesh.preset=v9-1"], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -77,7 +77,7 @@ def test_missing_libtpu_is_an_import_error(monkeypatch):
     import importlib.util
 
     from bert_jax import aot
-    from configs import pretrain
+    from bert_jax.configs import pretrain
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, heads, modeling, sharding, train
+from bert_jax import checkpointing, engine, heads, initialisation, modeling, sharding, train
 from bert_jax.tasks import finetune
-from configs import glue as glue_config
-from configs import pretrain
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import pretrain
 from conftest import ROOT
 
 
@@ -32,7 +32,7 @@ def _config(instances, total_steps=6):
 
 
 def _abstract_state(config):
-    mesh = train.make_mesh(config)
+    mesh = engine.make_mesh(config.mesh)
     abstract, shardings = train.state_shardings(train.create_model(config), train.create_optimizer(config)[0], mesh)
     return checkpointing.abstract_like(abstract, shardings)
 
@@ -170,13 +170,13 @@ def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run
     expected = _params(run[0], _config(instances), 2)  # the uninterrupted run's own checkpoint 2
     ft = glue_config.get_config("sst2")
     ft.init_checkpoint = str(tmp_path)
-    init = finetune.resolve_init(ft)
+    init = initialisation.resolve(ft.init_checkpoint, ft.model)
     model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(ft, 10)
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     # The one checkpoint asked for is unreadable: a one-line error, nothing moved.
     with pytest.raises(checkpointing.NoReadableCheckpoint, match=r"^checkpoint 4 in .* is unreadable \(") as e:
-        finetune.create_state(model, tx, mesh, finetune.Initialisation("orbax", str(checkpoints), init.config,
+        finetune.create_state(model, tx, mesh, initialisation.Initialisation("orbax", str(checkpoints), init.config,
                                                                          step=4), seed=0)
     assert "\n" not in str(e.value) and (checkpoints / "4").is_dir()
     capsys.readouterr()

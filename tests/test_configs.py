@@ -1,9 +1,9 @@
-"""configs/pretrain.py: every named size builds a valid model config of the documented shape."""
+"""bert_jax/configs/pretrain.py: every named size builds a valid model config of the documented shape."""
 
 import pytest
 
 from bert_jax import modeling
-from configs import pretrain
+from bert_jax.configs import pretrain
 
 
 @pytest.mark.parametrize("arg,layers,hidden,heads", [

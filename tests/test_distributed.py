@@ -52,7 +52,7 @@ def test_finetune_cli_takes_the_launcher_flags(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "bert_jax.tasks.glue", "--config", "configs/glue.py:mrpc", "--workdir",
+    cmd = [sys.executable, "-m", "bert_jax.tasks.glue", "--config", "glue:mrpc", "--workdir",
            str(tmp_path), "--config.task=ax", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=1",
            "--process_id=0"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -178,7 +178,7 @@ def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances)
     import jax
 
     from bert_jax import sharding, train
-    from configs import pretrain
+    from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
     config.phases[0].data_dir = str(documents)

@@ -10,12 +10,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import heads, losses, modeling, sharding
+from bert_jax import heads, initialisation, losses, modeling, sharding
 from bert_jax.tasks import finetune
-from configs import glue as glue_config
-from configs import ner as ner_config
-from configs import pretrain
-from configs import swag as swag_config
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import ner as ner_config
+from bert_jax.configs import pretrain
+from bert_jax.configs import swag as swag_config
 
 L = 64
 BUCKETS = (16, 32, 48, 64)
@@ -89,7 +89,7 @@ def test_configs_and_the_off_switch():
                                                                         program_tokens=program_tokens)
         config.length_buckets = 0
         assert finetune.Padding.from_config(config) == finetune.FIXED == finetune.Padding()
-    from configs import squad as squad_config
+    from bert_jax.configs import squad as squad_config
     assert finetune.Padding.from_config(squad_config.get_config()) == finetune.FIXED
 
 
@@ -185,7 +185,7 @@ def test_bucketed_batches_cut_only_padding(group):
 
 
 def _steps(model, loss_fn, mesh, config):
-    init = finetune.Initialisation("random", "", model.config)
+    init = initialisation.Initialisation("random", "", model.config)
     tx, schedule = finetune.create_optimizer(config, 8)
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=0)
     return state, finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)

@@ -12,8 +12,8 @@ import pytest
 
 from bert_jax import aot, engine, heads, losses, modeling, sharding, train
 from bert_jax.tasks import finetune
-from configs import glue as glue_config
-from configs import pretrain
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import pretrain
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_aot_lowers_the_program_train_runs(two_phase_run):
     above dispatched lower to the same StableHLO, for each phase, from a real batch and the real state's
     shardings."""
     config, program = two_phase_run
-    mesh = train.make_mesh(config)
+    mesh = engine.make_mesh(config.mesh)
     state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                    program.abstract, program.shardings)
     for phase in train.resolve_phases(config):

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, convert, heads, losses, modeling, sharding, train
+from bert_jax import checkpointing, convert, heads, initialisation, losses, modeling, sharding, train
 from bert_jax.tasks import finetune
 from bert_jax.tasks import glue as glue_task
 from bert_jax.tasks import squad as squad_task
-from configs import glue as glue_config
-from configs import pretrain
-from configs import squad as squad_config
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import pretrain
+from bert_jax.configs import squad as squad_config
 
 
 def _flat(tree):
@@ -63,7 +63,7 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     config = squad_config.get_config("tiny")
     config.init_checkpoint = str(pretrained)
     config.model.dtype = "bfloat16"
-    init = finetune.resolve_init(config)
+    init = initialisation.resolve(config.init_checkpoint, config.model)
     assert init.kind == "orbax" and init.config.dtype == "bfloat16" and init.config.num_hidden_layers == 2
     model = heads.BertForQuestionAnswering(init.config)
     tx, _ = finetune.create_optimizer(config, 10)
@@ -95,25 +95,25 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
     for path in (pretrained / "checkpoints" / "3", pretrained):
         config = glue_config.get_config("sst2")
         config.init_checkpoint = str(path)
-        init = finetune.resolve_init(config)
+        init = initialisation.resolve(config.init_checkpoint, config.model)
         model = heads.BertForSequenceClassification(init.config, num_labels=2)
         tx, _ = finetune.create_optimizer(config, 10)
         state, _ = finetune.create_state(model, tx, sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, seed=0)
         encoders[init.step] = _flat(state.params["bert"])
-    assert list(encoders) == [3, None]  # None: the newest readable checkpoint (6)
+    assert list(encoders) == [3, 6]  # without a step: the newest readable checkpoint
     restored = checkpointing.restore_params(str(pretrained / "checkpoints"), jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
         {"bert": jax.device_get(state.params["bert"])}), step=3)
     for k, v in _flat(restored["bert"]).items():
         np.testing.assert_array_equal(encoders[3][k], v, err_msg=k)
     assert not np.array_equal(encoders[3]["embeddings/word_embeddings/embedding"],
-                              encoders[None]["embeddings/word_embeddings/embedding"])
+                              encoders[6]["embeddings/word_embeddings/embedding"])
 
 
 def test_hf_encoder_and_fresh_head(minilm_dir):
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(minilm_dir)
-    init = finetune.resolve_init(config)
+    init = initialisation.resolve(config.init_checkpoint, config.model)
     assert init.kind == "hf" and init.config.hidden_size == 384
     model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(config, 10)
@@ -133,7 +133,7 @@ def test_dropout_is_the_jobs_architecture_the_checkpoints(pretrained, minilm_dir
         config = glue_config.get_config("sst2")
         config.init_checkpoint = str(path)
         config.model.hidden_dropout_prob, config.model.attention_probs_dropout_prob = 0.25, 0.0
-        init = finetune.resolve_init(config)
+        init = initialisation.resolve(config.init_checkpoint, config.model)
         assert init.config.hidden_size == hidden != config.model.hidden_size
         assert (init.config.hidden_dropout_prob, init.config.attention_probs_dropout_prob) == (0.25, 0.0)
 
@@ -142,7 +142,7 @@ def test_bad_init_checkpoint_is_one_line(tmp_path):
     config = squad_config.get_config("tiny")
     config.init_checkpoint = str(tmp_path)
     with pytest.raises(FileNotFoundError, match="neither a Hugging Face directory") as e:
-        finetune.resolve_init(config)
+        initialisation.resolve(config.init_checkpoint, config.model)
     assert "\n" not in str(e.value)
 
 
@@ -210,7 +210,7 @@ def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
                                                max_seq_length=64, doc_stride=32, max_query_length=16,
                                                is_training=True)
     config = _squad_config(pretrained, vocab, small_squad)
-    init = finetune.resolve_init(config)
+    init = initialisation.resolve(config.init_checkpoint, config.model)
     model = heads.BertForQuestionAnswering(init.config)
     curves = []
     for mesh in (sharding.make_mesh(1, 1, 1, jax.devices()[:1]), sharding.make_mesh(2, 2, 2)):

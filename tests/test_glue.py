@@ -14,8 +14,8 @@ import pytest
 from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import glue
 from bert_jax.tasks import glue as glue_task
-from configs import glue as glue_config
-from configs import pretrain
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import pretrain
 
 
 def _tsv(*rows) -> str:

@@ -10,7 +10,7 @@ POD = [str(ROOT / "launch" / "tpu_vm_pod.sh")]
 def test_tpu_vm_pod_dry_run_prints_every_command():
     result = subprocess.run(POD + ["--name", "bert-base", "--zone", "europe-west4-a", "--accelerator_type", "v3-32",
                                    "--workdir", "gs://bucket/run", "--dry_run", "--delete", "--",
-                                   "--config", "configs/pretrain.py:base", "--config.model.dtype=bfloat16"],
+                                   "--config", "pretrain:base", "--config.model.dtype=bfloat16"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
@@ -51,7 +51,7 @@ def test_tpu_vm_pod_requires_its_flags():
 
 
 def test_local_cpu_launcher_runs_the_entry_point_with_8_devices(tmp_path):
-    result = subprocess.run([str(ROOT / "launch" / "local_cpu.sh"), "--config", "configs/pretrain.py:tiny",
+    result = subprocess.run([str(ROOT / "launch" / "local_cpu.sh"), "--config", "pretrain:tiny",
                              "--workdir", str(tmp_path), "--config.mesh.data=8", "--config.mesh.tensor=1",
                              "--config.phases[0].data_dir=/nonexistent"],
                             capture_output=True, text=True, timeout=300)

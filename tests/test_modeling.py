@@ -9,7 +9,7 @@ import pytest
 from flax import traverse_util
 
 from bert_jax import convert, heads, modeling
-from configs import pretrain
+from bert_jax.configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
 TINY = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

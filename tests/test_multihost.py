@@ -18,7 +18,7 @@ from conftest import ROOT
 
 
 def _args(instances, workdir, max_steps, extra=()):
-    return ["-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
+    return ["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
             f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             "--config.total_steps=10", "--config.warmup_steps=2", "--config.checkpoint_every=5",
             f"--max_steps={max_steps}", *extra]
@@ -110,7 +110,7 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
     _two_processes(instances, tmp_path / "resumed", 5, extra)
     _two_processes(instances, tmp_path / "resumed", 10, extra)
     from bert_jax import checkpointing, sharding, train
-    from configs import pretrain
+    from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
     model, (tx, _) = train.create_model(config), train.create_optimizer(config)

@@ -20,8 +20,8 @@ from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import conll
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import ner as ner_task
-from configs import ner as ner_config
-from configs import pretrain
+from bert_jax.configs import ner as ner_config
+from bert_jax.configs import pretrain
 
 SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=40)

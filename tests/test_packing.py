@@ -10,7 +10,7 @@ import pytest
 
 from bert_jax import losses, modeling, train
 from bert_jax.data import packing, pipeline, pretraining
-from configs import pretrain as pretrain_configs
+from bert_jax.configs import pretrain as pretrain_configs
 
 
 def _packed_batches(path, batch_size=8, **kw):

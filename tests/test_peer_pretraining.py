@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax import convert, losses, modeling, optim, train
-from configs import pretrain
+from bert_jax.configs import pretrain
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax import storage, summaries, train
-from configs import pretrain
+from bert_jax.configs import pretrain
 
 
 def test_uri_joins_and_detection():

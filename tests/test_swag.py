@@ -21,8 +21,8 @@ from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import swag
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import swag as swag_task
-from configs import pretrain
-from configs import swag as swag_config
+from bert_jax.configs import pretrain
+from bert_jax.configs import swag as swag_config
 
 SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=40)

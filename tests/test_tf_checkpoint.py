@@ -19,9 +19,9 @@ import torch
 import transformers
 from flax import traverse_util
 
-from bert_jax import convert, heads, modeling, sharding
+from bert_jax import convert, heads, initialisation, modeling, sharding
 from bert_jax.tasks import finetune
-from configs import glue as glue_config
+from bert_jax.configs import glue as glue_config
 
 # bert_config.json as Google ships it: these eleven fields, no layer_norm_eps (1e-12, the original's).
 BERT_CONFIG = dict(vocab_size=211, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
@@ -169,13 +169,13 @@ def test_finetuning_starts_from_a_google_directory(google):
     for path in (directory, directory / "bert_model.ckpt"):
         config = glue_config.get_config("mrpc")
         config.init_checkpoint, config.vocab_file = str(path), ""
-        inits[path] = init = finetune.resolve_init(config)
+        inits[path] = init = initialisation.resolve(config.init_checkpoint, config.model)
         assert init.config.hidden_size == 48 and init.config.num_hidden_layers == 3
         assert init.config.hidden_dropout_prob == config.model.hidden_dropout_prob  # the job's, as for HF
-        assert finetune.resolve_vocab_file(config, init) == str(directory / "vocab.txt")
+        assert initialisation.vocabulary(init, config.vocab_file, None)[0] == str(directory / "vocab.txt")
         assert finetune.load_tokenizer(config, init).vocab_size == len(VOCAB)
-    for k, v in _flat(inits[directory].bert_params).items():
-        np.testing.assert_array_equal(_flat(inits[directory / "bert_model.ckpt"].bert_params)[k], v, err_msg=k)
+    for k, v in _flat(inits[directory].params["bert"]).items():
+        np.testing.assert_array_equal(_flat(inits[directory / "bert_model.ckpt"].params["bert"])[k], v, err_msg=k)
 
     model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(config, 10)
@@ -254,7 +254,7 @@ def test_bad_checkpoints_give_one_line_errors(google, tmp_path, caplog, monkeypa
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(tmp_path / "missing")
     with pytest.raises(ValueError, match="missing variable"):
-        finetune.resolve_init(config)
+        initialisation.resolve(config.init_checkpoint, config.model)
 
     # TensorFlow not installed: one line naming the extra, from the converter and from fine-tuning.
     monkeypatch.setitem(sys.modules, "tensorflow", None)
@@ -263,4 +263,4 @@ def test_bad_checkpoints_give_one_line_errors(google, tmp_path, caplog, monkeypa
     _one_line(e)
     config.init_checkpoint = str(directory)
     with pytest.raises(ImportError, match=r"tf extra"):
-        finetune.resolve_init(config)
+        initialisation.resolve(config.init_checkpoint, config.model)

@@ -17,9 +17,9 @@ import pytest
 import flax.linen as nn
 from flax import traverse_util
 
-from bert_jax import checkpointing, flops, optim, sharding, summaries, train
+from bert_jax import checkpointing, engine, flops, optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
-from configs import pretrain
+from bert_jax.configs import pretrain
 from conftest import ROOT
 
 
@@ -176,7 +176,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
     bad = _config(instances)
     bad.mesh.num_devices = 9
     with pytest.raises(ValueError, match=r"^config.mesh.num_devices=9 is not in \[0, 8\] \(0: every device\)$"):
-        train.make_mesh(bad)
+        engine.make_mesh(bad.mesh)
     # Two pretend hosts of 4 devices: data=8 gives each 4 of 8 rows; tensor=8 would give both all 8.
     two_hosts = lambda d: d.id // 4  # noqa: E731
     assert sharding.rows_per_process(mesh, 8, two_hosts) == {0: 4, 1: 4}
@@ -273,7 +273,7 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
 
 
 def _cmd(instances, workdir, total_steps=30, extra=(), phase1_data=None):
-    return [sys.executable, "-m", "bert_jax.train", "--config", "configs/pretrain.py:tiny", "--workdir", str(workdir),
+    return [sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
             f"--config.phases[0].data_dir={phase1_data or instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             f"--config.total_steps={total_steps}", "--config.phases[0].fraction=0.5",
             "--config.phases[1].fraction=0.5", "--config.checkpoint_every=4", "--config.log_every=5",

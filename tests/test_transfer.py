@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import experiment, train
+from bert_jax import engine, experiment, train
 from bert_jax.data import corpus, pretraining
-from configs import pretrain
+from bert_jax.configs import pretrain
 
 
 def test_wikitext_articles_are_documents(data_dir, tmp_path):
@@ -91,7 +91,7 @@ def test_log_prior_init_starts_at_the_unigram_loss(instances):
     config.phases[0].data_dir = str(instances / "p1")
     config.mlm_bias_init = "log_prior"
     config.mesh.num_devices = 1
-    mesh = train.make_mesh(config)
+    mesh = engine.make_mesh(config.mesh)
     model = train.create_model(config)
     tx, _ = train.create_optimizer(config)
     prior = train.initial_mlm_bias(config)
@@ -132,7 +132,7 @@ def test_probe_command_names_only_what_differs(tmp_path):
     flags = [c for c in cmd if c.startswith("--config.")]
     assert "--config.max_train_examples=2000" in flags and "--config.model.vocab_size=8000" in flags
     assert "--config.data_dir=/data/glue/SST-2" in flags and "--config.seed=1" in flags
-    assert "--config.model.hidden_size=128" in flags  # configs/glue.py's default architecture is base
+    assert "--config.model.hidden_size=128" in flags  # bert_jax/configs/glue.py's default architecture is base
     assert not any(f.startswith("--config.train_batch_size=") for f in flags)  # 32 is the default
     config = experiment.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model,
                                      shared_data_dir="/data", seed=0, max_train_examples=10)

@@ -4,7 +4,7 @@
 
 SQuAD: the official JSON files of the SQuAD explorer site, each written through a temporary name
 and renamed, so an interrupted download leaves no partial file. Corpora and GLUE come through TFDS
-(`python -m bert_jax.data.create_pretraining_data --tfds_name=...`, `configs/glue.py --config.use_tfds`).
+(`python -m bert_jax.data.create_pretraining_data --tfds_name=...`, `bert_jax/configs/glue.py --config.use_tfds`).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class GlueTask:
     """A GLUE task: files, labels, metrics and its TFDS form.
 
     Attributes:
-      name: TFDS config name and `configs/glue.py` argument ("cola", ...).
+      name: TFDS config name and `bert_jax/configs/glue.py` argument ("cola", ...).
       folder: its folder in the GLUE download ("CoLA", ...).
       labels: label strings as written in the TSV files, in label-index order; () for regression (STS-B).
       metrics: the GLUE metrics of the task ("mcc", "accuracy", "f1", "pearson", "spearman").

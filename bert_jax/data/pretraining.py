@@ -33,7 +33,8 @@ Determinism: every task draws from its own generator seeded by (random_seed, pas
 are consumed in task order, so the output depends on the seed and the shard count only, not on
 `num_workers`.
 
-Output in `output_dir`: `instances-{i:05d}-of-{n:05d}.array_record` and `metadata.json` (written last;
+Output in `output_dir`: `instances-{i:05d}-of-{n:05d}.array_record`, `vocab.txt` (the vocabulary the ids
+index) and `metadata.json` (written last;
 counts, flags, vocab sha256). Record format, little-endian int32:
   [num_tokens, num_predictions, segment_b_start, next_sentence_label,
    input_ids[num_tokens], masked_lm_positions[num_predictions], masked_lm_ids[num_predictions]]
@@ -528,6 +529,8 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                       **(extra_metadata or {})},
             "seconds": round(time.time() - start, 3),
         }
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, "vocab.txt"))
+        os.replace(os.path.join(work_dir, "vocab.txt"), os.path.join(output_dir, "vocab.txt"))
         storage.write_json(os.path.join(output_dir, METADATA_NAME), metadata)
         return metadata
     finally:

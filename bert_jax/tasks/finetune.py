@@ -1,20 +1,11 @@
 """Fine-tuning machinery shared by the task jobs: initial weights, sharded state, steps, batching, the loop.
 
 Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained encoder, fresh task head):
-  ""                            random initialisation of everything (the original's initializer);
-  a Hugging Face directory      (has config.json) `convert.from_hf`: the encoder, architecture from
-                                config.json;
-  a TensorFlow checkpoint       Google's original (google-research/bert): a directory with
-                                bert_config.json and bert_model.ckpt.index (or one *.ckpt.index), or the
-                                checkpoint prefix `<dir>/bert_model.ckpt`; `convert.from_tf_checkpoint`
-                                (the `tf` extra): the encoder, architecture from bert_config.json;
-  a bert_jax pre-training run   its workdir or `<workdir>/checkpoints`: the encoder params of the
-                                latest Orbax checkpoint, read straight into this job's shardings,
-                                architecture (and layer layout) from the config saved with it;
-                                `<workdir>/checkpoints/<step>` takes that checkpoint instead.
-In every case the task head is initialised fresh, and the compute options (dtype, param_dtype,
-remat_policy, kernels) and the dropout probabilities come from this job's `config.model`. A Hugging Face
-or TensorFlow checkpoint directory's vocab.txt is the default `config.vocab_file`.
+whatever `bert_jax.initialisation.resolve` reads (a Hugging Face directory, a google-research/bert
+TensorFlow checkpoint, a bert_jax run or one of its checkpoints; "" for random initialisation), the
+architecture from the source, the compute options and dropout from this job's `config.model`. The
+vocabulary and casing are the source's (its vocab.txt and tokenizer_config.json) unless config.vocab_file /
+config.do_lower_case name them, which must then agree.
 
 Mesh, optimizer, sharded state, train step and timer are `bert_jax.engine`'s, as in pre-training: the
 state is built sharded (`jax.eval_shape` -> logical partition specs -> `jax.jit(..., out_shardings=...)`)
@@ -46,127 +37,40 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, convert, engine, modeling, sharding, storage, summaries
+from bert_jax import checkpointing, engine, initialisation, modeling, sharding, storage, summaries
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.engine import TrainState, global_batch
 
-# The job's own options, taken from its config.model whatever the initialisation: compute and dropout
-# (dropout is a training choice, not architecture: a run pre-trained without it fine-tunes with it).
-JOB_FIELDS = ("dtype", "param_dtype", "remat_policy", "kernels", "hidden_dropout_prob",
-              "attention_probs_dropout_prob")
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
 
-@dataclasses.dataclass
-class Initialisation:
-    """Where the encoder comes from: kind is "random", "hf" or "orbax"; `bert_params` holds the
-    Hugging Face encoder arrays (numpy) for kind "hf"; `step` the Orbax checkpoint (None: latest)."""
-
-    kind: str
-    path: str
-    config: modeling.BertConfig
-    bert_params: Any = None
-    step: int | None = None
-
-
-def _checkpoint_dir(path: str) -> str | None:
-    """The Orbax checkpoints directory of a pre-training workdir (or the directory itself), or None."""
-    for candidate in (storage.join(path, "checkpoints"), path):
-        if checkpointing.has_checkpoints(candidate):
-            return candidate
-    return None
-
-
-def resolve_init(config: ml_collections.ConfigDict) -> Initialisation:
-    """Reads the architecture (and, for Hugging Face and TensorFlow checkpoints, the encoder weights)
-    named by config.init_checkpoint.
-
-    A Hugging Face directory (config.json) and a google-research/bert TensorFlow checkpoint
-    (`convert.tf_checkpoint_prefix`: bert_model.ckpt.index or one *.ckpt.index, or a checkpoint prefix)
-    both give kind "hf": the encoder arrays in memory (`bert_params`), `path` the directory (its vocab.txt
-    is `resolve_vocab_file`'s default).
+def load_tokenizer(config: ml_collections.ConfigDict, init: initialisation.Initialisation) -> Tokenizer:
+    """The WordPiece tokenizer of the job: config.vocab_file and config.do_lower_case when set, else the
+    source's (`initialisation.vocabulary`), checked against the encoder.
 
     Raises:
-      FileNotFoundError: init_checkpoint is neither a Hugging Face directory, nor a TensorFlow checkpoint,
-        nor a directory with bert_jax checkpoints (checkpointing.NoReadableCheckpoint: it has some, none
-        readable, or the one step it names is unreadable); a TensorFlow checkpoint without bert_config.json.
-      ImportError: a TensorFlow checkpoint and TensorFlow is not installed (the `tf` extra).
-      ValueError: a bad model config (from `BertConfig`), a bad Hugging Face directory (`from_hf`) or a bad
-        TensorFlow checkpoint (`from_tf_checkpoint`).
-    """
-    path = config.init_checkpoint
-    compute = {k: config.model[k] for k in JOB_FIELDS}
-    if not path:
-        return Initialisation("random", "", modeling.BertConfig.from_dict(config.model))
-    if storage.is_file(storage.join(path, convert.CONFIG_NAME)):
-        bert_config, params = convert.from_hf(path, scan_layers=config.model.scan_layers, **compute)
-        return Initialisation("hf", path, bert_config, params["bert"])
-    prefix = convert.tf_checkpoint_prefix(path)
-    if prefix is not None:
-        bert_config, params = convert.from_tf_checkpoint(prefix, scan_layers=config.model.scan_layers, **compute)
-        return Initialisation("hf", os.path.dirname(prefix) or ".", bert_config, params["bert"])
-    step = None
-    parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else ("", path)
-    if name.isdigit() and parent and storage.is_file(storage.join(path, "_CHECKPOINT_METADATA")):
-        path, step = parent, int(name)  # one checkpoint of a run: <workdir>/checkpoints/<step>
-    ckpt_dir = _checkpoint_dir(path)
-    if ckpt_dir is None:
-        raise FileNotFoundError(f"config.init_checkpoint={path!r} is neither a Hugging Face directory (config.json) "
-                                "nor a TensorFlow checkpoint (bert_config.json + bert_model.ckpt) nor a bert_jax run "
-                                "with checkpoints")
-    checkpointer = checkpointing.Checkpointer(ckpt_dir, async_save=False, read_only=True)
-    try:
-        if step is None:  # the newest readable checkpoint; unreadable newer ones are moved aside
-            found = checkpointing.newest_readable(ckpt_dir, checkpointer.all_steps(), checkpointer.restore_config)
-            if found is None:
-                raise FileNotFoundError(f"config.init_checkpoint={path!r}: {ckpt_dir} holds no finished checkpoint")
-            saved = found[1]
-        else:  # the one asked for, or a one-line error
-            saved = checkpointing.read_step(ckpt_dir, step, checkpointer.restore_config)
-    finally:
-        checkpointer.close()
-    return Initialisation("orbax", ckpt_dir, modeling.BertConfig.from_dict(saved["model"], **compute), step=step)
-
-
-def resolve_vocab_file(config: ml_collections.ConfigDict, init: Initialisation) -> str:
-    """config.vocab_file, else the vocab.txt of the Hugging Face directory or of the TensorFlow checkpoint's
-    directory (Google's released checkpoints ship theirs beside bert_config.json).
-
-    Raises:
-      ValueError: neither is available (a bert_jax checkpoint does not carry its vocabulary).
-    """
-    if config.vocab_file:
-        return config.vocab_file
-    if init.kind == "hf" and storage.is_file(storage.join(init.path, "vocab.txt")):
-        return storage.join(init.path, "vocab.txt")
-    raise ValueError("config.vocab_file is empty and config.init_checkpoint has no vocab.txt: name the "
-                     "WordPiece vocabulary the encoder was pre-trained with")
-
-
-def load_tokenizer(config: ml_collections.ConfigDict, init: Initialisation) -> Tokenizer:
-    """The WordPiece tokenizer of `resolve_vocab_file(config, init)`, checked against the encoder.
-
-    Raises:
-      ValueError: no vocabulary (as `resolve_vocab_file`), or one with more tokens than the model's
-        vocab_size (its ids would index past the word embeddings).
+      ValueError: no vocabulary, or one / a casing that conflicts with the source's (`vocabulary`); a
+        vocabulary with more tokens than the model's vocab_size (its ids would index past the embeddings).
       FileNotFoundError: the vocabulary file does not exist.
     """
-    tokenizer = Tokenizer(resolve_vocab_file(config, init), do_lower_case=config.do_lower_case)
+    vocab_file, do_lower_case = initialisation.vocabulary(init, config.vocab_file, config.get("do_lower_case"))
+    tokenizer = Tokenizer(vocab_file, do_lower_case=do_lower_case)
     if tokenizer.vocab_size > init.config.vocab_size:
         raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {init.config.vocab_size}")
     return tokenizer
 
 
-def load_encoder(config: ml_collections.ConfigDict) -> tuple[Initialisation, Tokenizer]:
-    """What every task job starts from: `resolve_init(config)` and `load_tokenizer(config, init)`, with
-    config.max_seq_length checked against the encoder's positions.
+def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Initialisation, Tokenizer]:
+    """What every task job starts from: `initialisation.resolve` of config.init_checkpoint (its
+    architecture, the job's compute options) and `load_tokenizer`, with config.max_seq_length checked
+    against the encoder's positions.
 
     Raises:
-      the errors of `resolve_init` and `load_tokenizer`;
+      the errors of `initialisation.resolve` and `load_tokenizer`;
       ValueError: config.max_seq_length over the encoder's max_position_embeddings.
     """
-    init = resolve_init(config)
+    init = initialisation.resolve(config.init_checkpoint, config.model)
     tokenizer = load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
@@ -174,19 +78,16 @@ def load_encoder(config: ml_collections.ConfigDict) -> tuple[Initialisation, Tok
     return init, tokenizer
 
 
-def _select(tree: Mapping, like: Mapping) -> dict:
-    """The subtree of `tree` with the keys of `like` (e.g. the encoder without the pooler)."""
-    return {k: _select(tree[k], v) if isinstance(v, Mapping) else tree[k] for k, v in like.items()}
-
-
-def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, init: Initialisation,
-                 seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
+def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+                 init: initialisation.Initialisation, seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
     """The sharded TrainState of `model` (a BertFor... task model with an encoder named "bert"), its
-    encoder taken from `init`, and the tree of NamedShardings (`engine.state_shardings`).
+    encoder taken from `init` (`initialisation.load_params` of the "bert/..." parameters; a pooler the
+    source lacks, and the task head, as initialised with `seed`), and the tree of NamedShardings
+    (`engine.state_shardings`).
 
     Raises:
       ValueError: a parameter or optimizer-state dimension the mesh does not divide
-        (`sharding.check_divisible`).
+        (`sharding.check_divisible`); a source without a matching encoder (`load_params`).
       FileNotFoundError / ValueError: from Orbax when the checkpoint does not hold a matching encoder.
     """
     ids = jnp.zeros((1, seq_length), jnp.int32)
@@ -195,20 +96,9 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.s
     sharding.check_divisible(abstract, shardings)
     # The optimizer state starts at zero whatever the params: built with the random ones, kept.
     state = engine.create_state(state_init, mesh, shardings)
-    encoder_shardings = shardings.params["bert"]
-    if init.kind == "hf":
-        encoder = _select(init.bert_params, abstract.params["bert"])
-        # Each process builds only its own shards from the host copy (works on several hosts too).
-        bert = jax.tree_util.tree_map(
-            lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index, x=x: np.asarray(x)[index]),
-            encoder, encoder_shardings)
-    elif init.kind == "orbax":
-        target = checkpointing.abstract_like(abstract.params["bert"], encoder_shardings)
-        with jax.set_mesh(mesh):
-            bert = checkpointing.restore_params(init.path, {"bert": target}, init.step)["bert"]
-    else:
-        return state, shardings
-    return state.replace(params={**state.params, "bert": bert}), shardings
+    params, _ = initialisation.load_params(init, state.params, shardings.params, mesh,
+                                           take=lambda path: path.startswith("bert/"))
+    return state.replace(params=params), shardings
 
 
 TaskLoss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
@@ -708,11 +598,11 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
     multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
     prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
     from absl import app, flags, logging
-    from ml_collections import config_flags
+    from bert_jax import configs
 
     from bert_jax import distributed
 
-    config_flags.DEFINE_config_file("config", None, config_help)
+    configs.define_flag(config_help)
     flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
     distributed.define_flags()
     flags.mark_flags_as_required(["config", "workdir"])

@@ -1,6 +1,6 @@
 """GLUE fine-tuning (paper section 4.1): the nine tasks of `bert_jax.data.glue.TASKS`.
 
-  python -m bert_jax.tasks.glue --config configs/glue.py:mnli \\
+  python -m bert_jax.tasks.glue --config glue:mnli \\
       --config.init_checkpoint=/path/to/minilm --config.data_dir=/path/to/glue_data/MNLI --workdir /tmp/mnli \\
       --config.do_predict=true
 
@@ -239,4 +239,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "glue", "GLUE config file, e.g. configs/glue.py:mrpc.")
+    finetune.cli(run, "glue", "GLUE recipe, e.g. glue:mrpc (or a config file path).")

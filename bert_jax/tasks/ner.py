@@ -1,6 +1,6 @@
 """CoNLL-2003 named-entity recognition (paper section 5.3, Table 7): token classification, entity F1.
 
-  python -m bert_jax.tasks.ner --config configs/ner.py \\
+  python -m bert_jax.tasks.ner --config ner \\
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/conll2003 --workdir /tmp/ner
 
 `heads.BertForTokenClassification` (dropout -> [D, C] on every token) is trained with cross-entropy
@@ -157,4 +157,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "ner", "NER config file, e.g. configs/ner.py (or configs/ner.py:large).")
+    finetune.cli(run, "ner", "NER recipe, e.g. ner (or ner:large, or a config file path).")

@@ -1,6 +1,6 @@
 """SQuAD v1.1 / v2.0 fine-tuning and prediction (paper section 4.2 and 4.3).
 
-  python -m bert_jax.tasks.squad --config configs/squad.py \\
+  python -m bert_jax.tasks.squad --config squad \\
       --config.init_checkpoint=/path/to/pretrain_workdir --config.vocab_file=vocab.txt \\
       --config.train_file=train-v1.1.json --config.predict_file=dev-v1.1.json --workdir /tmp/squad
 
@@ -226,4 +226,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "squad", "SQuAD config file, e.g. configs/squad.py.")
+    finetune.cli(run, "squad", "SQuAD recipe, e.g. squad (or a config file path).")

@@ -1,6 +1,6 @@
 """SWAG fine-tuning (paper section 4.4, Table 4): four-way multiple choice, accuracy.
 
-  python -m bert_jax.tasks.swag --config configs/swag.py \\
+  python -m bert_jax.tasks.swag --config swag \\
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/swagaf/data --workdir /tmp/swag
 
 Each example becomes four sequences `[CLS] sent1 [SEP] sent2 ending_i [SEP]` (`bert_jax.data.swag`);
@@ -127,4 +127,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "swag", "SWAG config file, e.g. configs/swag.py (or configs/swag.py:large).")
+    finetune.cli(run, "swag", "SWAG recipe, e.g. swag (or swag:large, or a config file path).")

@@ -2,7 +2,7 @@
 (tiny | mini | small | base | large, default base); with config.init_checkpoint the architecture comes
 from the checkpoint and only the compute options of config.model apply.
 
-  python -m bert_jax.tasks.ner --config configs/ner.py \\
+  python -m bert_jax.tasks.ner --config ner \\
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/conll2003 --workdir /tmp/ner
 
 Defaults are the paper's fine-tuning setup (appendix A.3: batch size 16 or 32, learning rate 5e-5,
@@ -16,8 +16,9 @@ names), or TFDS conll2003 with use_tfds.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
-from configs.pretrain import model_config
+from bert_jax.configs.pretrain import model_config
 
 LEARNING_RATES = (5e-5, 3e-5, 2e-5)  # the paper's fine-tuning grid (appendix A.3)
 EPOCHS = (2, 3, 4)
@@ -27,8 +28,8 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_config(arg or "base")  # architecture for random init; compute options always
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
-    config.vocab_file = ""  # WordPiece vocabulary ("" = the Hugging Face directory's vocab.txt)
-    config.do_lower_case = True  # False for a cased model
+    config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
+    config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
     config.data_dir = "../shared/data/conll2003"  # folder of the CoNLL-2003 files
     config.train_file = "train.txt"  # fine-tune on it; its tags are the label set
     config.dev_file = "valid.txt"  # dev_* metrics (Table 7's Dev F1); "" = none

@@ -2,7 +2,7 @@
 small | base | large, default base); with config.init_checkpoint the architecture comes from the
 checkpoint and only the compute options of config.model apply.
 
-  python -m bert_jax.tasks.swag --config configs/swag.py \\
+  python -m bert_jax.tasks.swag --config swag \\
       --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/swagaf/data --workdir /tmp/swag
 
 Defaults are the paper's SWAG recipe (section 4.4): 3 epochs, learning rate 2e-5, batch size 16; the
@@ -12,16 +12,17 @@ with 80). Data: the official train.csv / val.csv / test.csv (rowanz/swagaf `data
 """
 
 import ml_collections
+from ml_collections import config_dict
 
-from configs.pretrain import model_config
+from bert_jax.configs.pretrain import model_config
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_config(arg or "base")  # architecture for random init; compute options always
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
-    config.vocab_file = ""  # WordPiece vocabulary ("" = the Hugging Face directory's vocab.txt)
-    config.do_lower_case = True
+    config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
+    config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
     config.data_dir = "../shared/data/swag"  # folder of the official SWAG CSV files
     config.train_file = "train.csv"  # labelled: fine-tune on it
     config.dev_file = "val.csv"  # labelled: accuracy (the paper's Dev column)

@@ -1,6 +1,6 @@
 """GLUE fine-tuning config: `get_config(task)` for the nine GLUE tasks (default mrpc).
 
-  python -m bert_jax.tasks.glue --config configs/glue.py:mrpc \\
+  python -m bert_jax.tasks.glue --config glue:mrpc \\
       --config.init_checkpoint=/path/to/minilm --config.data_dir=../shared/data/glue/MRPC --workdir /tmp/mrpc
 
 Tasks: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (`bert_jax.data.glue.TASKS`); data_dir defaults
@@ -18,9 +18,10 @@ the checkpoint.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from bert_jax.data.glue import TASKS
-from configs.pretrain import model_config
+from bert_jax.configs.pretrain import model_config
 
 LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)  # the paper's fine-tuning grid for GLUE (section 4.1)
 
@@ -33,8 +34,8 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.task = task
     config.model = model_config("base")  # architecture for random init; compute options always
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
-    config.vocab_file = ""  # WordPiece vocabulary ("" = the Hugging Face directory's vocab.txt)
-    config.do_lower_case = True
+    config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
+    config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
     # GLUE-format files: train.tsv, dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv), test.tsv
     # (MNLI: test_matched.tsv, test_mismatched.tsv) for do_predict
     config.data_dir = f"../shared/data/glue/{TASKS[task].folder}"

@@ -2,7 +2,7 @@
 (tiny | mini | small | base | large, default base); with config.init_checkpoint the architecture
 comes from the checkpoint and only the compute options of config.model apply.
 
-  python -m bert_jax.tasks.squad --config configs/squad.py \\
+  python -m bert_jax.tasks.squad --config squad \\
       --config.init_checkpoint=/path/to/minilm --config.train_file=train-v1.1.json \\
       --config.predict_file=dev-v1.1.json --workdir /tmp/squad
 
@@ -16,16 +16,17 @@ original's behaviour).
 """
 
 import ml_collections
+from ml_collections import config_dict
 
-from configs.pretrain import model_config
+from bert_jax.configs.pretrain import model_config
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_config(arg or "base")  # architecture for random init; compute options always
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
-    config.vocab_file = ""  # WordPiece vocabulary ("" = the Hugging Face directory's vocab.txt)
-    config.do_lower_case = True
+    config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
+    config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
     config.train_file = ""  # SQuAD JSON to fine-tune on ("" = no training)
     config.predict_file = ""  # SQuAD JSON to predict and evaluate ("" = no prediction)
     config.version_2_with_negative = False  # SQuAD v2.0: unanswerable questions

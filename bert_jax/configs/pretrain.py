@@ -1,7 +1,7 @@
 """Pre-training configs: `get_config("tiny" | "mini" | "small" | "base" | "large" | "transfer" | "demo")`.
 
 Launch (from the project root), e.g.:
-  python -m bert_jax.train --config configs/pretrain.py:tiny --workdir /tmp/run \\
+  python -m bert_jax.train --config pretrain:tiny --workdir /tmp/run \\
       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
 Model fields are named as in `bert_config.json`; `bert_jax.modeling.BertConfig.from_dict(config.model)`
 turns them into the model's arguments (model code never sees a ConfigDict).
@@ -80,6 +80,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.model = model_config(arg)
     config.seed = 0  # PRNG seed: init, dropout (folded with the step) and data shuffling
+    # Continue pre-training from existing weights (the original's --init_checkpoint): a bert_jax run or one of
+    # its checkpoints, a Hugging Face directory, a google-research/bert TF checkpoint. The architecture comes
+    # from there; step, optimizer and data start fresh; a workdir with checkpoints resumes and ignores it.
+    config.init_checkpoint = ""
     config.total_steps = 1_000_000  # optimizer steps over both phases (paper: 1M)
     config.warmup_steps = 10_000  # linear warmup, then linear decay to 0 (paper)
     config.optimizer = "adamw"  # adamw (paper) or lamb (large batches)

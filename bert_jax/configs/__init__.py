@@ -1,0 +1,47 @@
+"""The recipes: ml_collections `get_config(arg)` files installed with the package.
+
+Every command's `--config` takes a recipe by name, `NAME[:ARG]`, from any directory:
+
+  pretrain:tiny | mini | small | base | large | transfer | demo   (bert_jax/configs/pretrain.py)
+  squad[:tiny | base | large]                                    (bert_jax/configs/squad.py)
+  glue:cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (bert_jax/configs/glue.py)
+  ner[:ARG], swag[:ARG]                                          (bert_jax/configs/ner.py, swag.py)
+
+or a config file of the user's own by path (`path/to/my_config.py:arg`, ml_collections' form); either
+way `--config.x.y=value` overrides a field.
+"""
+
+from __future__ import annotations
+
+import os
+
+NAMES = ("pretrain", "squad", "glue", "ner", "swag")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def resolve(spec: str) -> str:
+    """`NAME[:ARG]` of a packaged recipe -> `<package>/configs/NAME.py[:ARG]`; anything else (a path to a
+    config file, with or without `:ARG`) unchanged.
+
+    A name wins over a file of the same name in the working directory only when that file does not exist
+    (`pretrain` is the recipe unless `./pretrain` exists).
+    """
+    name, sep, arg = spec.partition(":")
+    if name in NAMES and not os.path.exists(name):
+        return os.path.join(_HERE, f"{name}.py") + sep + arg
+    return spec
+
+
+def define_flag(help_string: str):
+    """Defines `--config` (ml_collections' config-file flag, `--config.x.y=value` overrides) taking a recipe
+    name (`resolve`) or a config file path -> the flag holder."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    class _RecipeParser(config_flags.ConfigFileFlagParser):
+        def parse(self, path):
+            return super().parse(resolve(path))
+
+    holder = config_flags.DEFINE_config_file("config", None, help_string)
+    flags.FLAGS["config"].parser = _RecipeParser(name="config")
+    return holder
