@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
-from bert_jax import sharding, train  # noqa: E402
+from bert_jax import engine, sharding, train  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def main():
     args = parser.parse_args()
     config = pretrain.get_config(args.size)
     model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
+    tx, _ = engine.create_optimizer(config)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     abstract, _ = train.state_shardings(model, tx, mesh)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 1000))
@@ -67,7 +67,7 @@ def main():
 
     unclipped = config.copy_and_resolve_references()
     unclipped.max_grad_norm = 0.0  # create_optimizer then returns the AdamW core alone
-    core, _ = train.create_optimizer(unclipped)
+    core, _ = engine.create_optimizer(unclipped)
     peer_tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), core)
     ours, peer = make_update(tx, params, grads), make_update(peer_tx, params, grads)
     ours(2), peer(2)

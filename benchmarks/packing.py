@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import experiment, sharding, train  # noqa: E402
+from bert_jax import engine, experiment, sharding, train  # noqa: E402
 from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
@@ -105,7 +105,7 @@ def speed(path: str, length: int, batch_size: int, rounds: int, steps: int):
     config.model.vocab_size = 30522
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, train.state_shardings(model, tx, mesh)[1])
     sides = {}
     for packed in (False, True):

@@ -41,7 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
+from bert_jax import engine, flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
@@ -65,7 +65,7 @@ def make_ours(config, batch):
     """Our jitted train step on one device -> run(n): seconds per step over n steps."""
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     state, shardings = train.create_train_state(model, tx, mesh, 0)
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
     with jax.set_mesh(mesh):

@@ -727,3 +727,11 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
             f.write("\n")
 
     _atomic_write(os.path.join(out_dir, CONFIG_NAME), write_config)
+
+
+if __name__ == "__main__":  # python -m bert_jax.convert {to_hf,from_hf,from_tf}: the command lives in convert_cli
+    import sys
+
+    from bert_jax import convert_cli
+
+    sys.exit(convert_cli.main())

@@ -27,9 +27,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import sys
 from typing import Any, Callable, Mapping
 
 import jax
+import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -267,6 +269,89 @@ def write_run_files(workdir: str, config: BertConfig, vocab_file: str | None, do
             storage.join(workdir, TOKENIZER_CONFIG_NAME),
             {"do_lower_case": bool(do_lower_case), "vocab_sha256": file_sha256(vocab_file),
              "tokenizer_class": "BertTokenizer"})
+    storage.makedirs(workdir)
     for name, write in files.items():
         if not storage.is_file(storage.join(workdir, name)):
             write()
+
+
+# ----------------------------------------------------------------------------- pre-training
+
+
+def pretraining_source(config: ml_collections.ConfigDict, workdir: str
+                       ) -> tuple[ml_collections.ConfigDict, Initialisation | None]:
+    """The run's config and the source of its initial weights (google-research/bert's --init_checkpoint).
+
+    With config.init_checkpoint set and no checkpoint in `workdir` yet: the source resolved
+    (`resolve`), its architecture replacing the config's (`ARCHITECTURE_FIELDS`, and the
+    layer layout of a bert_jax run; `architecture_changes` names the fields that changed); compute options
+    and dropout
+    stay the config's. With checkpoints in `workdir` the run resumes from them and the source is not read:
+    the architecture is the workdir's bert_config.json. Without init_checkpoint: (config, None).
+
+    Raises:
+      FileNotFoundError / ValueError / ImportError: from `resolve` (a source that does not
+        exist, of no known format, or unreadable).
+    """
+    path = config.get("init_checkpoint", "")
+    if not path:
+        return config, None
+    if checkpointing.has_checkpoints(storage.join(workdir, "checkpoints")):
+        say(f"train: {workdir} holds checkpoints: resuming from them, config.init_checkpoint={path!r} is not read")
+        saved = storage.join(workdir, convert.TF_CONFIG_NAME)
+        if not storage.is_file(saved):
+            return config, None
+        return _with_architecture(config, BertConfig.from_dict(storage.read_json(saved))), None
+    init = resolve(path, config.model)
+    return _with_architecture(config, init.config), init
+
+
+def _with_architecture(config: ml_collections.ConfigDict, source: BertConfig) -> ml_collections.ConfigDict:
+    """A copy of `config` whose model has `source`'s architecture fields and layer layout."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        for field in (*ARCHITECTURE_FIELDS, "scan_layers"):
+            config.model[field] = getattr(source, field)
+    return config
+
+
+def data_vocabulary(config: ml_collections.ConfigDict, init: Initialisation | None
+                    ) -> tuple[str | None, bool]:
+    """The vocabulary file and casing of the run's data (the first phase's vocab.txt and metadata.json),
+    checked against every phase and against the source of `init`.
+
+    Returns:
+      (the data's vocab.txt, or None for instances written without one; do_lower_case, True if unrecorded).
+
+    Raises:
+      ValueError: phases built with different vocabularies; a data vocabulary larger than the source's
+        embeddings, or whose sha256 differs from the vocab.txt beside the source, or another casing
+        (one line naming both).
+    """
+    metas = [(p.data_dir, storage.read_json(storage.join(p.data_dir, "metadata.json"))) for p in config.phases]
+    first_dir, first = metas[0]
+    for data_dir, meta in metas[1:]:
+        if meta.get("vocab_sha256") != first.get("vocab_sha256"):
+            raise ValueError(f"{data_dir} and {first_dir} were built with different vocabularies")
+    casing = first.get("do_lower_case", first.get("flags", {}).get("do_lower_case"))
+    vocab_file = storage.join(first_dir, VOCAB_NAME)
+    vocab_file = vocab_file if storage.is_file(vocab_file) else None
+    if init is not None:
+        source = f"config.init_checkpoint={init.path!r}"
+        if first.get("vocab_size", 0) > init.config.vocab_size:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has a vocabulary of {first['vocab_size']} "
+                             f"tokens, more than the {init.config.vocab_size} embeddings of {source}")
+        if init.vocab_file and first.get("vocab_sha256") and \
+                file_sha256(init.vocab_file) != first["vocab_sha256"]:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} was tokenized with another vocabulary than "
+                             f"{init.vocab_file} of {source} (sha256 differs)")
+        if init.do_lower_case is not None and casing is not None and init.do_lower_case != casing:
+            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has do_lower_case={casing}, {source} "
+                             f"do_lower_case={init.do_lower_case}")
+    return vocab_file, True if casing is None else bool(casing)
+
+
+def say(line: str) -> None:
+    """One line to stderr from the first process."""
+    if jax.process_index() == 0:
+        print(line, file=sys.stderr, flush=True)

@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import (checkpointing, convert, distributed, engine, flops, initialisation, losses, modeling, sharding,
+from bert_jax import (checkpointing, distributed, engine, flops, initialisation, losses, modeling, sharding,
                       storage, summaries)
 
 Batch = dict[str, jax.Array]
@@ -95,89 +95,6 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
                             bool(p.get("fill_rows", True))))
         start = end
     return phases
-
-
-def resolve_init(config: ml_collections.ConfigDict, workdir: str
-                 ) -> tuple[ml_collections.ConfigDict, initialisation.Initialisation | None]:
-    """The run's config and the source of its initial weights (google-research/bert's --init_checkpoint).
-
-    With config.init_checkpoint set and no checkpoint in `workdir` yet: the source resolved
-    (`initialisation.resolve`), its architecture replacing the config's (`ARCHITECTURE_FIELDS`, and the
-    layer layout of a bert_jax run; one line names the fields that changed); compute options and dropout
-    stay the config's. With checkpoints in `workdir` the run resumes from them and the source is not read:
-    the architecture is the workdir's bert_config.json. Without init_checkpoint: (config, None).
-
-    Raises:
-      FileNotFoundError / ValueError / ImportError: from `initialisation.resolve` (a source that does not
-        exist, of no known format, or unreadable).
-    """
-    path = config.get("init_checkpoint", "")
-    if not path:
-        return config, None
-    if checkpointing.has_checkpoints(storage.join(workdir, "checkpoints")):
-        _say(f"train: {workdir} holds checkpoints: resuming from them, config.init_checkpoint={path!r} is not read")
-        saved = storage.join(workdir, convert.TF_CONFIG_NAME)
-        if not storage.is_file(saved):
-            return config, None
-        return _with_architecture(config, modeling.BertConfig.from_dict(storage.read_json(saved))), None
-    init = initialisation.resolve(path, config.model)
-    changes = initialisation.architecture_changes(config.model, init.config)
-    if changes:
-        _say(f"train: architecture from config.init_checkpoint={path!r}: "
-             + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
-    return _with_architecture(config, init.config), init
-
-
-def _with_architecture(config: ml_collections.ConfigDict, source: modeling.BertConfig) -> ml_collections.ConfigDict:
-    """A copy of `config` whose model has `source`'s architecture fields and layer layout."""
-    config = config.copy_and_resolve_references()
-    values = source.to_dict()
-    with config.unlocked():
-        for field in (*initialisation.ARCHITECTURE_FIELDS, "scan_layers"):
-            config.model[field] = values[field]
-    return config
-
-
-def data_vocabulary(config: ml_collections.ConfigDict, init: initialisation.Initialisation | None
-                    ) -> tuple[str | None, bool]:
-    """The vocabulary file and casing of the run's data (the first phase's vocab.txt and metadata.json),
-    checked against every phase and against the source of `init`.
-
-    Returns:
-      (the data's vocab.txt, or None for instances written without one; do_lower_case, True if unrecorded).
-
-    Raises:
-      ValueError: phases built with different vocabularies; a data vocabulary larger than the source's
-        embeddings, or whose sha256 differs from the vocab.txt beside the source, or another casing
-        (one line naming both).
-    """
-    metas = [(p.data_dir, storage.read_json(storage.join(p.data_dir, "metadata.json"))) for p in config.phases]
-    first_dir, first = metas[0]
-    for data_dir, meta in metas[1:]:
-        if meta.get("vocab_sha256") != first.get("vocab_sha256"):
-            raise ValueError(f"{data_dir} and {first_dir} were built with different vocabularies")
-    casing = first.get("do_lower_case", first.get("flags", {}).get("do_lower_case"))
-    vocab_file = storage.join(first_dir, initialisation.VOCAB_NAME)
-    vocab_file = vocab_file if storage.is_file(vocab_file) else None
-    if init is not None:
-        source = f"config.init_checkpoint={init.path!r}"
-        if first.get("vocab_size", 0) > init.config.vocab_size:
-            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has a vocabulary of {first['vocab_size']} "
-                             f"tokens, more than the {init.config.vocab_size} embeddings of {source}")
-        if init.vocab_file and first.get("vocab_sha256") and \
-                initialisation.file_sha256(init.vocab_file) != first["vocab_sha256"]:
-            raise ValueError(f"config.phases[0].data_dir={first_dir!r} was tokenized with another vocabulary than "
-                             f"{init.vocab_file} of {source} (sha256 differs)")
-        if init.do_lower_case is not None and casing is not None and init.do_lower_case != casing:
-            raise ValueError(f"config.phases[0].data_dir={first_dir!r} has do_lower_case={casing}, {source} "
-                             f"do_lower_case={init.do_lower_case}")
-    return vocab_file, True if casing is None else bool(casing)
-
-
-def _say(line: str) -> None:
-    """One line to stderr from the first process."""
-    if jax.process_index() == 0:
-        print(line, file=sys.stderr, flush=True)
 
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
@@ -259,12 +176,6 @@ def create_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraini
     return modeling.BertForPreTraining(modeling.BertConfig.from_dict(config.model))
 
 
-def create_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The config's optimizer and schedule over config.total_steps (`engine.create_optimizer`); ValueError
-    for an unknown config.optimizer or a bad schedule."""
-    return engine.create_optimizer(config)
-
-
 def _state_init(model: nn.Module, tx: optax.GradientTransformation, seed: int):
     """`engine.state_init` of the pre-training model (dummy int32 [1, 8] ids, 2 masked positions)."""
     ids = jnp.zeros((1, 8), jnp.int32)
@@ -290,6 +201,23 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
         bias = jax.make_array_from_callback(mlm_bias.shape, bias_sharding, lambda index: mlm_bias[index])
         state = state.replace(params={**state.params, "mlm_output_bias": bias})
     return state, shardings
+
+
+def initial_state(config: ml_collections.ConfigDict, program: "Program", mesh: jax.sharding.Mesh,
+                  init: initialisation.Initialisation | None) -> TrainState:
+    """The state a new run starts from: freshly initialised (`create_train_state`, the MLM bias of
+    `initial_mlm_bias`), then the parameters of `init`'s source put in (`initialisation.load_params`; one
+    line names what the source lacks); step, optimizer state and data position fresh, as the original's
+    --init_checkpoint."""
+    state, _ = create_train_state(program.model, program.tx, mesh, config.seed, program.shardings,
+                                  initial_mlm_bias(config))
+    if init is None:
+        return state
+    params, fresh = initialisation.load_params(init, state.params, program.shardings.params, mesh)
+    if fresh:
+        initialisation.say(f"train: not in config.init_checkpoint={init.path!r}, initialised fresh: "
+             f"{initialisation.summarize_paths(fresh)}")
+    return state.replace(params=params)
 
 
 def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:
@@ -369,7 +297,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
         divide (`sharding.check_divisible`, one line naming the array).
     """
     model = create_model(config)
-    tx, schedule = create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     abstract, shardings = state_shardings(model, tx, mesh, config.seed)
     sharding.check_divisible(abstract, shardings)
     step, evaluate = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
@@ -474,9 +402,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
     mesh = engine.make_mesh(config.mesh)
-    config, init = resolve_init(config, workdir)
+    recipe, (config, init) = config.model, initialisation.pretraining_source(config, workdir)
     phases = validate(config, mesh)
-    vocab_file, do_lower_case = data_vocabulary(config, init)
+    vocab_file, do_lower_case = initialisation.data_vocabulary(config, init)
+    changes = initialisation.architecture_changes(recipe, init.config) if init is not None else {}
+    if changes:
+        initialisation.say(f"train: architecture from config.init_checkpoint={init.path!r}: "
+                           + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
     program = build(config, mesh)
     if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
         initialisation.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
@@ -516,14 +448,7 @@ class _Run:
         latest, state, data_state = self.checkpointer.restore_newest_readable(
             checkpointing.abstract_like(program.abstract, program.shardings))
         if latest is None:
-            state, _ = create_train_state(program.model, program.tx, mesh, config.seed, program.shardings,
-                                          initial_mlm_bias(config))
-            if init is not None:  # the source's weights; step, optimizer state and data start fresh
-                params, fresh = initialisation.load_params(init, state.params, program.shardings.params, mesh)
-                state = state.replace(params=params)
-                if fresh:
-                    _say(f"train: not in config.init_checkpoint={init.path!r}, initialised fresh: "
-                         f"{initialisation.summarize_paths(fresh)}")
+            state = initial_state(config, program, mesh, init)
         elif self.is_main:
             print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
         self.state, self.saved = state, {latest}

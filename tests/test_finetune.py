@@ -71,7 +71,7 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=3)
     saved = checkpointing.Checkpointer(str(pretrained / "checkpoints"), async_save=False)
     pre_config = pretrain.get_config("tiny")
-    pre_tx, _ = train.create_optimizer(pre_config)
+    pre_tx, _ = engine.create_optimizer(pre_config)
     abstract, pre_shardings = train.state_shardings(train.create_model(pre_config), pre_tx,
                                                     sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
     pre_state, _ = saved.restore(saved.latest_step(), checkpointing.abstract_like(abstract, pre_shardings))

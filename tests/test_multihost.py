@@ -113,7 +113,7 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
     from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
-    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     like = checkpointing.abstract_like(abstract, shardings).params
 

@@ -38,7 +38,7 @@ def _config(instances, **overrides):
 
 def _run_steps(config, mesh, num_steps):
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     state, shardings = train.create_train_state(model, tx, mesh, config.seed)
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
     phase = train.resolve_phases(config)[0]
@@ -126,7 +126,7 @@ def _assert_layout_by_hand(tree):
 def test_rules_table_gives_the_hand_written_layout(shape, instances):
     config = _config(instances)
     model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
+    tx, _ = engine.create_optimizer(config)
     _, shardings = train.state_shardings(model, tx, sharding.make_mesh(*shape))
     _assert_layout_by_hand(shardings)
 
@@ -188,7 +188,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
         sharding.make_mesh(4, 4, 1)
     config = _config(instances)
     config.model.vocab_size = 30522
-    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 8))
     with pytest.raises(ValueError, match=r"word_embeddings.*cannot be split 8 ways"):
         sharding.check_divisible(abstract, shardings)
@@ -248,7 +248,7 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
 
     config = _config(instances, warmup_steps=0, weight_decay=0.01, learning_rate=1e-3)
     model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
+    tx, _ = engine.create_optimizer(config)
     params = jax.jit(lambda: nn.unbox(train._state_init(model, tx, 0)()).params)()
     params = jax.tree_util.tree_map(lambda p: p + 1.0, params)  # biases and LayerNorm betas start at 0
     updates, _ = tx.update(jax.tree_util.tree_map(jnp.zeros_like, params), tx.init(params), params)
@@ -409,7 +409,7 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
     # The uninterrupted run used 4 devices on `data`; restore its final state onto 8 devices as 2x2x2.
     workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if re.fullmatch(r"uninterrupted\d+", p.name))
     config = pretrain.get_config("tiny")  # what the subprocess ran
-    model, (tx, _) = train.create_model(config), train.create_optimizer(config)
+    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     mesh = sharding.make_mesh(2, 2, 2)
     abstract, shardings = train.state_shardings(model, tx, mesh)
     checkpointer = train.checkpointing.Checkpointer(str(workdir / "checkpoints"))
@@ -544,7 +544,7 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     config = _config(instances, grad_accum_steps=2)
     mesh = sharding.make_mesh(8, 1, 1)
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
     abstract = checkpointing.abstract_like(abstract, shardings)
     batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
@@ -565,7 +565,7 @@ def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
-    tx, schedule = train.create_optimizer(config)
+    tx, schedule = engine.create_optimizer(config)
     batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
     counts = batch["masked_lm_weights"].reshape(-1, 4, batch["masked_lm_weights"].shape[1]).sum(axis=(0, 2))
     assert len(set(counts.tolist())) > 1, counts  # the micro-batches differ, or the test proves less

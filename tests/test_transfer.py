@@ -93,7 +93,7 @@ def test_log_prior_init_starts_at_the_unigram_loss(instances):
     config.mesh.num_devices = 1
     mesh = engine.make_mesh(config.mesh)
     model = train.create_model(config)
-    tx, _ = train.create_optimizer(config)
+    tx, _ = engine.create_optimizer(config)
     prior = train.initial_mlm_bias(config)
     state, shardings = train.create_train_state(model, tx, mesh, 0, mlm_bias=prior)
     zero_state, _ = train.create_train_state(model, tx, mesh, 0)

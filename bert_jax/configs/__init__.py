@@ -37,8 +37,9 @@ def define_flag(help_string: str):
     name (`resolve`) or a config file path -> the flag holder."""
     from absl import flags
     from ml_collections import config_flags
+    from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-    class _RecipeParser(config_flags.ConfigFileFlagParser):
+    class _RecipeParser(ConfigFileFlagParser):
         def parse(self, path):
             return super().parse(resolve(path))
 

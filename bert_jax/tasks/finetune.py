@@ -568,12 +568,16 @@ def predict(predict_fn: Callable, params: Any, arrays: Mapping[str, np.ndarray],
 
 
 def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
-               metrics: Mapping[str, float]) -> str:
+               metrics: Mapping[str, float], tokenizer: Tokenizer | None = None) -> str:
     """Writes the fine-tuned state as an Orbax checkpoint `<workdir>/checkpoints/<step>` (config item:
-    the job's config with the resolved model), returning its path."""
+    the job's config with the resolved model), and, with `tokenizer`, the run files that make the workdir
+    an init_checkpoint or a `bert_jax.convert to_hf` input alone (`initialisation.write_run_files`:
+    bert_config.json, vocab.txt, tokenizer_config.json); returns the checkpoint's path."""
     step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
     config_json["model"] = bert_config.to_dict()
+    if tokenizer is not None and jax.process_index() == 0:
+        initialisation.write_run_files(workdir, bert_config, tokenizer.vocab_file, tokenizer.do_lower_case)
     checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
     checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
     checkpointer.close()
@@ -581,14 +585,16 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
 
 
 def finish(writer, workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
-           scores: Mapping[str, float], metrics: dict, num_train_steps: int, step: int | None = None) -> None:
+           tokenizer: Tokenizer, scores: Mapping[str, float], metrics: dict, num_train_steps: int,
+           step: int | None = None) -> None:
     """The end of every task job: `scores` to TensorBoard as "eval" (at `step`, default num_train_steps), the
-    final checkpoint (`save_final`, when config.save_checkpoint and the job trained; its path into
-    metrics["checkpoint"]), the writer closed (None on other processes than the first)."""
+    final checkpoint with the run files of `tokenizer` (`save_final`, when config.save_checkpoint and the job
+    trained; its path into metrics["checkpoint"]), the writer closed (None on other processes than the
+    first)."""
     if scores:
         summaries.write_scalars(writer, num_train_steps if step is None else step, scores, "eval")
     if config.save_checkpoint and num_train_steps > 0:
-        metrics["checkpoint"] = save_final(workdir, state, config, bert_config, scores)
+        metrics["checkpoint"] = save_final(workdir, state, config, bert_config, scores, tokenizer)
     if writer is not None:
         writer.close()
 

@@ -218,7 +218,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         prediction_files[split.file.replace(".tsv", "_predictions.tsv")] = "index\tprediction\tlabel\n" + "".join(
             f"{i}\t{_format(spec, p)}\t{_format(spec, y)}\n" for i, (p, y) in enumerate(zip(predictions, labels)))
     metrics.update(scores)
-    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
+    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     submissions = []
     for split, examples in tests:
         test = features(examples)

@@ -148,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         metrics[f"{role}_sentences"] = len(sentences)
         files[f"{role}_predictions.txt"] = (sentences, predicted)
     metrics.update(scores)
-    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
+    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     if is_main:
         for name, (sentences, predicted) in files.items():
             conll.write_conll(storage.join(workdir, name), sentences, predicted)

@@ -218,7 +218,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             if config.version_2_with_negative:
                 storage.write_json(storage.join(workdir, "null_odds.json"), null_odds)
     scores = {k: v for k, v in metrics.items() if isinstance(v, float)} if eval_examples else {}
-    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps,
+    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps,
                     step=int(jax.device_get(state.step)))
     if is_main:
         storage.write_json(storage.join(workdir, "metrics.json"), metrics)

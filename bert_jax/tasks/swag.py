@@ -110,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     predictions = np.argmax(out.logits, axis=-1)
     scores = compute_metrics(predictions, dev["labels"])
     metrics.update(scores, eval_examples=len(dev_examples))
-    finetune.finish(writer, workdir, state, config, init.config, scores, metrics, num_train_steps)
+    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     files = {"val_predictions.csv": "index,prediction,label\n" + "".join(
         f"{e.guid},{p},{e.label}\n" for e, p in zip(dev_examples, predictions))}
     if test_examples:

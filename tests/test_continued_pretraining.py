@@ -1,0 +1,342 @@
+"""Continued pre-training (config.init_checkpoint) against transformers, workdirs that carry their
+vocabulary and architecture, and the conversion command."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import traverse_util
+
+from bert_jax import checkpointing, convert, engine, initialisation, train
+from bert_jax.configs import pretrain
+from bert_jax.data import corpus, document_shards, tokenization
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=128, type_vocab_size=2)
+
+
+def _flat(tree):
+    return traverse_util.flatten_dict(jax.device_get(tree), sep="/")
+
+
+@pytest.fixture(scope="module")
+def hf_pretraining(data_dir, tmp_path_factory):
+    """A small random transformers BertForPreTraining (both heads; biases and LayerNorms moved off 0/1)
+    with Google's vocabulary beside it, as `save_pretrained` writes it."""
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(vocab_size=30522, **SMALL)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf") / "bert_small"
+    model.save_pretrained(path)
+    shutil.copyfile(data_dir / "vocab" / "bert-base-uncased-vocab.txt", path / "vocab.txt")
+    return model, path
+
+
+def _config(instances, init_checkpoint, steps=1):
+    config = pretrain.get_config("tiny")
+    config.init_checkpoint = str(init_checkpoint)
+    config.phases = [config.phases[0]]
+    config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = str(instances / "p1"), 8, 1.0
+    config.total_steps, config.warmup_steps, config.log_every, config.checkpoint_every = steps, 1, 1, steps
+    config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
+    config.mesh.num_devices = 1
+    return config
+
+
+def _torch_losses(model, batch):
+    """transformers' MLM (mean over the weighted positions) and NSP losses of one unpacked batch."""
+    ids = torch.tensor(np.asarray(batch["input_ids"]), dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    for row, (positions, targets, weights) in enumerate(zip(batch["masked_lm_positions"], batch["masked_lm_ids"],
+                                                            batch["masked_lm_weights"])):
+        for p, t, w in zip(positions, targets, weights):
+            if w > 0:
+                labels[row, int(p)] = int(t)
+    with torch.no_grad():
+        out = model(input_ids=ids, token_type_ids=torch.tensor(np.asarray(batch["token_type_ids"]), dtype=torch.long),
+                    attention_mask=torch.tensor(np.asarray(batch["attention_mask"]), dtype=torch.long))
+    ce = torch.nn.functional.cross_entropy
+    mlm = ce(out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    nsp = ce(out.seq_relationship_logits, torch.tensor(np.asarray(batch["next_sentence_labels"]), dtype=torch.long))
+    return float(mlm), float(nsp)
+
+
+def test_step0_losses_equal_transformers_from_a_bert_for_pretraining(instances, hf_pretraining, tmp_path, capfd):
+    """Both heads come from the source: the first step's MLM and NSP losses (logged before the update) are
+    transformers' on the same batch; the recipe's architecture (tiny) is replaced by the source's."""
+    model, path = hf_pretraining
+    config = _config(instances, path)
+    metrics = train.train_and_evaluate(config, str(tmp_path / "run"))
+    err = capfd.readouterr().err
+    assert "architecture from config.init_checkpoint" in err and "hidden_size 128 -> 32" in err
+    assert "initialised fresh" not in err
+    resolved, _ = initialisation.pretraining_source(config, str(tmp_path / "other"))
+    batch = next(train.iterator(train.resolve_phases(resolved)[0], resolved, None))
+    mlm, nsp = _torch_losses(model, batch)
+    assert metrics["mlm_loss"] == pytest.approx(mlm, abs=1e-4) and metrics["nsp_loss"] == pytest.approx(nsp, abs=1e-4)
+    # The workdir carries itself: the source's architecture, the data's vocabulary and casing.
+    run = tmp_path / "run"
+    assert json.loads((run / "bert_config.json").read_text())["hidden_size"] == 32
+    assert (run / "vocab.txt").read_bytes() == (path / "vocab.txt").read_bytes()
+    assert json.loads((run / "tokenizer_config.json").read_text())["do_lower_case"] is True
+
+
+@pytest.fixture(scope="module")
+def gutenberg_documents(data_dir, minilm_dir, tmp_path_factory):
+    """The first 3000 sentences of the Gutenberg corpus as documents of 200 sentences, tokenized with MiniLM's
+    (Google's) vocabulary."""
+    out = tmp_path_factory.mktemp("gutenberg")
+    with open(data_dir / "corpus" / "gutenberg-sentences.txt", encoding="utf-8") as f:
+        lines = [line for line in (next(f) for _ in range(3100)) if line.strip()][:3000]
+    lines = [line + ("\n" if i % 200 == 199 else "") for i, line in enumerate(lines)]
+    (out / "corpus.txt").write_text("".join(lines), encoding="utf-8")
+    tok = tokenization.Tokenizer(str(minilm_dir / "vocab.txt"))
+    document_shards.tokenize_documents(
+        corpus.read_sentence_documents([str(out / "corpus.txt")], corpus.ReadStats()), tok, str(out / "docs"),
+        num_shards=1)
+    return out / "docs"
+
+
+@pytest.mark.slow
+def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_documents, minilm_dir, tmp_path, capfd):
+    """The real MiniLM encoder (no heads): the loaded encoder is the file's, bit for bit; the step-0 losses
+    of the fresh heads equal transformers' on the same weights (exported with to_hf); 50 steps on Gutenberg
+    lower the MLM loss."""
+    config = pretrain.get_config("tiny")
+    config.init_checkpoint = str(minilm_dir)
+    for p in config.phases:
+        p.data_dir, p.batch_size = str(gutenberg_documents), 8
+    config.total_steps, config.warmup_steps, config.learning_rate = 50, 5, 1e-4
+    config.log_every, config.checkpoint_every = 1, 50
+    config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
+    config.mesh.num_devices = 1
+    resolved, init = initialisation.pretraining_source(config, str(tmp_path / "run"))
+    assert resolved.model.hidden_size == 384 and resolved.model.num_hidden_layers == 6
+    mesh = engine.make_mesh(resolved.mesh)
+    program = train.build(resolved, mesh)
+    state = train.initial_state(resolved, program, mesh, init)
+    assert "initialised fresh: mlm_LayerNorm, mlm_output_bias, mlm_transform, nsp" in capfd.readouterr().err
+    _, reference = convert.from_hf(str(minilm_dir))
+    for k, v in _flat(reference["bert"]).items():
+        np.testing.assert_array_equal(_flat(state.params["bert"])[k], v, err_msg=k)
+    convert.to_hf(program.model.config, state.params, str(tmp_path / "step0"))
+    theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "step0").eval()
+    batch = next(train.iterator(train.resolve_phases(resolved)[0], resolved, None))
+    _, metrics = train.loss_and_metrics(state.params, train.global_batch(batch, mesh), jax.random.key(0),
+                                        model=program.model, deterministic=True)
+    assert "segment_ids" not in batch
+    mlm, nsp = _torch_losses(theirs, batch)
+    assert float(metrics["mlm_loss"]) == pytest.approx(mlm, abs=1e-4)
+    assert float(metrics["nsp_loss"]) == pytest.approx(nsp, abs=1e-4)
+
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+    from bert_jax import summaries
+
+    losses = [r["mlm_loss"] for r in summaries.read_metrics(str(tmp_path / "run"))]
+    assert len(losses) == 50
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 1.0, losses
+
+
+@pytest.mark.slow
+def test_tf_checkpoint_run_equals_hugging_face_run_bit_for_bit(instances, hf_pretraining, tmp_path):
+    """The same weights as a google-research/bert TF1 checkpoint and as a Hugging Face directory: three
+    continued steps end in the same parameters, bit for bit."""
+    from test_tf_checkpoint import _google_variables, _write_checkpoint
+
+    model, path = hf_pretraining
+    tf_dir = _write_checkpoint(tmp_path / "google", _google_variables(model),
+                               config=json.loads((path / "config.json").read_text()))
+    shutil.copyfile(path / "vocab.txt", tf_dir / "vocab.txt")
+    finals = []
+    for source in (path, tf_dir):
+        workdir = tmp_path / f"run_{source.name}"
+        train.train_and_evaluate(_config(instances, source, steps=3), str(workdir))
+        finals.append(_final_params(workdir, 3))
+    assert finals[0].keys() == finals[1].keys()
+    for k, v in finals[0].items():
+        np.testing.assert_array_equal(finals[1][k], v, err_msg=k)
+
+
+def _final_params(workdir, step):
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(str(workdir / "checkpoints"), item_names=("state", "data", "config"),
+                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+        restored = m.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return _flat(restored["state"]["params"])
+
+
+def _train_cmd(instances, workdir, source, steps=8):
+    return [sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
+            f"--config.init_checkpoint={source}", f"--config.phases[0].data_dir={instances / 'p1'}",
+            f"--config.phases[1].data_dir={instances / 'p2'}", f"--config.total_steps={steps}",
+            "--config.checkpoint_every=2", "--config.log_every=2", "--config.keep_checkpoints=50",
+            "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8", "--config.mesh.num_devices=1"]
+
+
+def _env():
+    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
+
+
+@pytest.mark.slow
+def test_sigkilled_continued_run_resumes_from_its_workdir_not_the_source(instances, hf_pretraining, tmp_path):
+    _, path = hf_pretraining
+    source = tmp_path / "source"
+    shutil.copytree(path, source)
+    whole = subprocess.run(_train_cmd(instances, tmp_path / "whole", source), env=_env(), capture_output=True,
+                           text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(instances, killed, source), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (killed / "checkpoints" / "2").is_dir():
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    shutil.rmtree(source)  # a resume that read the source would fail
+    resumed = subprocess.run(_train_cmd(instances, killed, source), env=_env(), capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "holds checkpoints: resuming from them" in resumed.stderr
+    expected, got = _final_params(tmp_path / "whole", 8), _final_params(killed, 8)
+    for k, v in expected.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown", "vocabulary"])
+def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_pretraining, tmp_path):
+    _, path = hf_pretraining
+    if case == "missing":
+        source, message = tmp_path / "nowhere", "does not exist"
+    elif case == "unknown":
+        source, message = tmp_path / "junk", "is neither a Hugging Face directory"
+        source.mkdir()
+        (source / "weights.bin").write_bytes(b"\0" * 64)
+    else:
+        source, message = tmp_path / "other_vocab", "was tokenized with another vocabulary than"
+        shutil.copytree(path, source)
+        (source / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+    workdir = tmp_path / "run"
+    result = subprocess.run(_train_cmd(instances, workdir, source), env=_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train: ") and message in lines[0], result.stderr
+    assert not workdir.exists()
+
+
+def test_finetuning_vocabulary_comes_from_the_source_and_conflicts_are_errors(hf_pretraining, tmp_path):
+    _, path = hf_pretraining
+    init = initialisation.resolve(str(path), pretrain.model_config("tiny"))
+    assert initialisation.vocabulary(init, "", None) == (str(path / "vocab.txt"), True)
+    assert initialisation.vocabulary(init, str(path / "vocab.txt"), None)[0] == str(path / "vocab.txt")
+    other = tmp_path / "vocab.txt"
+    other.write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(ValueError, match=r"^config.vocab_file='.*' differs from the vocabulary of config.init_checkpoint"):
+        initialisation.vocabulary(init, str(other), None)
+    (tmp_path / "cased").mkdir()
+    shutil.copyfile(path / "vocab.txt", tmp_path / "cased" / "vocab.txt")
+    (tmp_path / "cased" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    cased = initialisation.Initialisation("orbax", "x", init.config, vocab_file=str(tmp_path / "cased" / "vocab.txt"),
+                                          do_lower_case=False)
+    assert initialisation.vocabulary(cased, "", None)[1] is False
+    with pytest.raises(ValueError, match="do_lower_case=True conflicts with"):
+        initialisation.vocabulary(cased, "", True)
+
+
+def _run(cmd, cwd, timeout=600):
+    result = subprocess.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path):
+    """From a directory outside the repository: pre-train a tiny model, fine-tune SQuAD from its workdir
+    alone (no vocabulary or model flag), export both runs with `python -m bert_jax.convert to_hf`; the
+    exports load in transformers (model and tokenizer) and give bert_jax's outputs within 1e-5."""
+    from bert_jax import heads
+
+    squad = data_dir / "squad" / "dev-v1.1.json"
+    _run(["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", "pre",
+          f"--config.phases[0].data_dir={documents}", f"--config.phases[1].data_dir={documents}",
+          "--config.total_steps=4", "--config.checkpoint_every=4", "--config.mesh.num_devices=1",
+          "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8"], tmp_path)
+    _run(["-m", "bert_jax.tasks.squad", "--config", "squad:tiny", "--config.init_checkpoint=pre", "--workdir", "sq",
+          f"--config.train_file={squad}", f"--config.predict_file={squad}", "--config.max_train_examples=16",
+          "--config.max_predict_examples=8", "--config.max_seq_length=64", "--config.doc_stride=32",
+          "--config.max_query_length=16", "--config.train_batch_size=8", "--config.num_train_epochs=1",
+          "--config.mesh.num_devices=1"], tmp_path)
+    for run, out in (("pre", "hf_pre"), ("sq", "hf_sq")):
+        _run(["-m", "bert_jax.convert", "to_hf", "--checkpoint", run, "--output_dir", out], tmp_path)
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf_sq")(
+        "who wrote the book?", "the book was written by a writer in london.", return_tensors="np")
+    inputs = [np.asarray(ids[k], np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")]
+
+    init = initialisation.resolve(str(tmp_path / "sq"), pretrain.model_config("tiny"))
+    from bert_jax import convert_cli
+
+    params = convert_cli._host_params(init)
+    span = heads.BertForQuestionAnswering(init.config).apply({"params": params}, *inputs, deterministic=True)
+    start, end = span.start_logits, span.end_logits
+    qa = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "hf_sq").eval()
+    with torch.no_grad():
+        out = qa(**{k: torch.tensor(v, dtype=torch.long) for k, v in ids.items()})
+    np.testing.assert_allclose(out.start_logits.numpy(), np.asarray(start), atol=1e-5)
+    np.testing.assert_allclose(out.end_logits.numpy(), np.asarray(end), atol=1e-5)
+
+    init = initialisation.resolve(str(tmp_path / "pre"), pretrain.model_config("tiny"))
+    params = convert_cli._host_params(init)
+    positions = np.array([[1, 2, 3]], np.int32)
+    ours = train.create_model(_tiny_config(init)).apply({"params": params}, *inputs, positions, deterministic=True)
+    pre = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf_pre").eval()
+    with torch.no_grad():
+        theirs = pre(**{k: torch.tensor(v, dtype=torch.long) for k, v in ids.items()})
+    np.testing.assert_allclose(theirs.prediction_logits.numpy()[:, 1:4], np.asarray(ours.mlm_logits), atol=1e-5)
+    np.testing.assert_allclose(theirs.seq_relationship_logits.numpy(), np.asarray(ours.nsp_logits), atol=1e-5)
+
+
+def _tiny_config(init):
+    config = pretrain.get_config("tiny")
+    config.model.update({k: v for k, v in init.config.to_dict().items() if k in config.model})
+    return config
+
+
+@pytest.mark.parametrize("command", ["from_hf", "from_tf"])
+def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf_pretraining, tmp_path):
+    """from_hf / from_tf write a checkpoint directory that init_checkpoint reads alone, with the source's
+    arrays and vocabulary; a missing input is one line, exit 1, nothing written."""
+    from test_tf_checkpoint import _google_variables, _write_checkpoint
+
+    model, path = hf_pretraining
+    source = path
+    if command == "from_tf":
+        source = _write_checkpoint(tmp_path / "google", _google_variables(model),
+                                   config=json.loads((path / "config.json").read_text()))
+        shutil.copyfile(path / "vocab.txt", source / "vocab.txt")
+    _run(["-m", "bert_jax.convert", command, "--input", str(source), "--output_dir", "out"], tmp_path)
+    init = initialisation.resolve(str(tmp_path / "out"), pretrain.model_config("tiny"))
+    assert init.kind == "orbax" and init.config.hidden_size == 32
+    assert initialisation.vocabulary(init, "", None)[0] == str(tmp_path / "out" / "vocab.txt")
+    stored = checkpointing.stored_params(str(tmp_path / "out" / "checkpoints" / "0"))
+    _, reference = convert.from_hf(str(path))
+    assert set(stored) == set(_flat(reference))
+    bad = subprocess.run([sys.executable, "-m", "bert_jax.convert", command, "--input", str(tmp_path / "none"),
+                          "--output_dir", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
