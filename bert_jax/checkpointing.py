@@ -275,7 +275,9 @@ def _stored_shapes(step_dir: str) -> dict[str, tuple[int, ...]]:
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.ERROR)  # an item has no step metadata file of its own: Orbax warns
     try:
-        metadata = ocp.StandardCheckpointer().metadata(storage.join(step_dir, "state"))
+        local = not storage.is_remote(step_dir)  # Orbax finds no metadata under a relative path
+        metadata = ocp.StandardCheckpointer().metadata(storage.join(os.path.abspath(step_dir) if local else step_dir,
+                                                                    "state"))
     finally:
         logging.set_verbosity(verbosity)
     tree = getattr(metadata, "item_metadata", metadata)

@@ -18,6 +18,7 @@ bad input (a missing or unknown source, an output that exists) is one line on st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -27,7 +28,7 @@ from bert_jax import checkpointing, convert, initialisation, storage
 
 def _model_defaults() -> dict:
     """The compute options of a conversion: float32, unscanned layers (what a source's architecture leaves)."""
-    return convert.BertConfig().to_dict()
+    return dataclasses.asdict(convert.BertConfig())
 
 
 def _labels(saved_config: dict) -> list[str] | None:
