@@ -405,11 +405,11 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
     recipe, (config, init) = config.model, initialisation.pretraining_source(config, workdir)
     phases = validate(config, mesh)
     vocab_file, do_lower_case = initialisation.data_vocabulary(config, init)
+    program = build(config, mesh)
     changes = initialisation.architecture_changes(recipe, init.config) if init is not None else {}
     if changes:
         initialisation.say(f"train: architecture from config.init_checkpoint={init.path!r}: "
                            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
-    program = build(config, mesh)
     if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
         initialisation.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
     run = _Run(config, workdir, mesh, phases, program, max_steps, init)

@@ -182,7 +182,7 @@ def _final_params(workdir, step):
 def _train_cmd(instances, workdir, source, steps=8):
     return [sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
             f"--config.init_checkpoint={source}", f"--config.phases[0].data_dir={instances / 'p1'}",
-            f"--config.phases[1].data_dir={instances / 'p2'}", f"--config.total_steps={steps}",
+            f"--config.phases[1].data_dir={instances / 'p2'}", f"--config.total_steps={steps}", "--config.warmup_steps=2",
             "--config.checkpoint_every=2", "--config.log_every=2", "--config.keep_checkpoints=50",
             "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8", "--config.mesh.num_devices=1"]
 
