@@ -25,7 +25,6 @@
 """
 
 import argparse
-import os
 import pathlib
 import statistics
 import sys
@@ -41,7 +40,9 @@ from bert_jax import engine, experiment, sharding, train  # noqa: E402
 from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from shared_data import DATA  # noqa: E402
+import shared_data  # noqa: E402
 CORPORA = ("gutenberg", "wikitext", "squad")
 PHASES = ((128, 20, 32), (512, 80, 8))  # length, predictions, batch rows of the speed test
 
@@ -49,7 +50,7 @@ PHASES = ((128, 20, 32), (512, 80, 8))  # length, predictions, batch rows of the
 def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -> str:
     out = workdir / f"{name}-{length}"
     if not (out / pretraining.METADATA_NAME).is_file():
-        _, reader, files = experiment.shared_sources([name], str(DATA))[0]
+        _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
         pretraining.create_pretraining_data(
             experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out),
@@ -61,7 +62,7 @@ def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -
 def documents(workdir: pathlib.Path, name: str) -> str:
     out = workdir / f"{name}-documents"
     if not (out / pretraining.METADATA_NAME).is_file():
-        _, reader, files = experiment.shared_sources([name], str(DATA))[0]
+        _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
         document_shards.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
     return str(out)

@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402
+from shared_data import DATA  # noqa: E402
 DEFAULT_SOURCES = "gutenberg,wikitext,squad,sst2,mrpc"
 
 
@@ -179,7 +180,7 @@ def main():
     corpus_file, vocab_file = os.path.join(workdir, "corpus.txt"), os.path.join(workdir, "vocab.txt")
     sources = args.sources.split(",")
     corpus_counts = _cached(os.path.join(workdir, "corpus.json"),
-                            lambda: experiment.write_corpus(experiment.shared_sources(sources, str(DATA)), corpus_file))
+                            lambda: experiment.write_corpus(shared_data.sources(sources, DATA), corpus_file))
     print(f"corpus: {corpus_counts}", flush=True)
     if not os.path.isfile(vocab_file):
         if args.vocab_file:
@@ -227,8 +228,8 @@ def main():
 
         def compute():
             m = experiment.finetune(probe, os.path.join(finetune_dir, name), init_checkpoint=init,
-                                    vocab_file=vocab_file, model=finetune_model, shared_data_dir=str(DATA), seed=seed,
-                                    **lr)
+                                    vocab_file=vocab_file, model=finetune_model, seed=seed,
+                                    **shared_data.task_files(experiment.PROBES[probe].task, DATA), **lr)
             return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
         m = _cached(os.path.join(finetune_dir, f"{name}.json"), compute)
         print(f"  {probe} {tag} seed {seed}{' lr %g' % learning_rate if lr else ''}: {m['score']:.2f}", flush=True)

@@ -248,11 +248,11 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
         for init, name in [(pretrain_dir, "pretrained"), ("", "random")][:2 if random_baseline else 1]:
             out_dir = os.path.join(workdir, "finetune", f"{probe}-{name}")
             cmd = experiment.probe_command(probe, out_dir, init_checkpoint=init, vocab_file=vocab_file,
-                                           model=experiment.finetune_model(config.model), shared_data_dir="",
+                                           model=experiment.finetune_model(config.model),
                                            seed=0, **overrides)
             print(f"[5/6] {title}, from {'the final checkpoint' if init else 'random initialisation'}, "
                   f"in a new process:\n      {' '.join(cmd)}", flush=True)
-            result = subprocess.run(cmd, env=env, cwd=_project_root())
+            result = subprocess.run(cmd, env=env)
             if result.returncode != 0:
                 raise DemoError(f"{probe} fine-tuning ({name}) failed (exit status {result.returncode}); "
                                 "see the messages above")
@@ -265,10 +265,6 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
     storage.write_json(os.path.join(workdir, "summary.json"), summary)
     _print_summary(summary)
     return summary
-
-
-def _project_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _print_summary(summary: dict) -> None:

@@ -2,7 +2,7 @@
 initialisation with one recipe, and compare (paper section 5.1: pre-training must beat no
 pre-training). `make demo` (`bert_jax.demo`) and `benchmarks/transfer.py` are built from these calls.
 
-  corpus   `write_corpus(shared_sources(["gutenberg", "wikitext", "squad", "sst2"], data_dir), path)`: real corpora
+  corpus   `write_corpus([(name, reader, files), ...], path)`: corpora (files read with one of `READERS`)
            and the unlabelled text of task *training* files (in-domain text, as task-adaptive
            pre-training; never dev text), in the original one-sentence-per-line format;
   data     `prepare_pretraining_data(config, corpus_file, vocab_file)`: instances (or tokenized documents)
@@ -27,15 +27,6 @@ import ml_collections
 
 # ----------------------------------------------------------------------------- corpus
 
-# Corpora of the shared data folder (../shared/data/README.md): name -> (reader, files under the folder).
-# Task corpora read only the training split.
-SOURCES = {
-    "gutenberg": ("sentences", ("corpus/gutenberg-sentences.txt",)),
-    "wikitext": ("wikitext", ("corpus/wikitext-2/valid.txt", "corpus/wikitext-2/test.txt")),
-    "squad": ("squad", ("squad/train-v1.1-subset-44articles.json",)),
-    "sst2": ("glue:sst2", ("glue/SST-2/train.tsv",)),
-    "mrpc": ("glue:mrpc", ("glue/MRPC/train.tsv",)),
-}
 READERS = ("pydoc", "sentences", "text", "wikitext", "squad", "glue:sst2", "glue:mrpc")
 
 
@@ -73,18 +64,6 @@ def read_documents(reader: str, files: Sequence[str], stats) -> Iterator[list[st
         yield from {"sentences": corpus.read_sentence_documents, "text": corpus.read_text_documents,
                     "wikitext": corpus.read_wikitext_documents, "squad": corpus.read_squad_documents}[reader](
             files, stats)
-
-
-def shared_sources(names: Sequence[str], data_dir: str) -> list[tuple[str, str, list[str]]]:
-    """`SOURCES` entries as (name, reader, files) with the files under `data_dir`.
-
-    Raises:
-      ValueError: an unknown name.
-    """
-    unknown = [n for n in names if n not in SOURCES]
-    if unknown:
-        raise ValueError(f"corpus source {unknown[0]!r} is not one of {sorted(SOURCES)}")
-    return [(n, SOURCES[n][0], [os.path.join(data_dir, f) for f in SOURCES[n][1]]) for n in names]
 
 
 def write_corpus(sources: Sequence[tuple[str, str, Sequence[str]]], path: str) -> dict[str, dict[str, int]]:
@@ -190,9 +169,6 @@ PROBES = {
                                             predict_batch_size=64, max_train_examples=2000,
                                             max_predict_examples=500)),
 }
-PROBE_FILES = {"sst2": "glue/SST-2", "mrpc": "glue/MRPC",
-               "squad": ("squad/train-v1.1-subset-44articles.json", "squad/dev-v1.1.json")}
-
 
 FINETUNE_DROPOUT = 0.1  # paper, section 3 / appendix A.3: dropout 0.1 on all layers when fine-tuning
 
@@ -207,14 +183,14 @@ def finetune_model(pretrain_model: ml_collections.ConfigDict) -> ml_collections.
 
 
 def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml_collections.ConfigDict,
-                 shared_data_dir: str, seed: int, **overrides) -> ml_collections.ConfigDict:
+                 seed: int, **overrides) -> ml_collections.ConfigDict:
     """The fine-tuning config of `PROBES[probe]` (plus `overrides`) for one initialisation and seed.
 
     Args:
       init_checkpoint: a bert_jax pre-training workdir, one of its checkpoints, or "" for random init
         with the architecture `model` (the pre-trained one, so that both inits are the same network).
-      shared_data_dir: the shared data folder (`PROBE_FILES` under it); `overrides` of the task files
-        (data_dir; train_file, predict_file) take others.
+      overrides: config fields on top of the probe's, among them the task's files (GLUE: data_dir; SQuAD:
+        train_file, predict_file).
 
     Raises:
       ValueError: unknown probe.
@@ -227,10 +203,8 @@ def probe_config(probe: str, *, init_checkpoint: str, vocab_file: str, model: ml
     spec = PROBES[probe]
     if spec.task == "squad":
         config = squad_config.get_config("tiny")
-        config.train_file, config.predict_file = (os.path.join(shared_data_dir, f) for f in PROBE_FILES["squad"])
     else:
         config = glue_config.get_config(spec.task)
-        config.data_dir = os.path.join(shared_data_dir, PROBE_FILES[spec.task])
     config.model = ml_collections.ConfigDict(dict(model))
     config.init_checkpoint, config.vocab_file, config.seed = init_checkpoint, vocab_file, seed
     config.mesh.num_devices = 1

@@ -57,14 +57,14 @@ def test_glue_training_text_as_documents(data_dir):
 
 def test_write_corpus_counts_and_round_trips(data_dir, tmp_path):
     path = str(tmp_path / "corpus.txt")
-    counts = experiment.write_corpus(experiment.shared_sources(["mrpc"], str(data_dir))
-                                     + [("pydoc", "pydoc", [])], path)
+    mrpc = ("mrpc", "glue:mrpc", [str(data_dir / "glue" / "MRPC" / "train.tsv")])
+    counts = experiment.write_corpus([mrpc, ("pydoc", "pydoc", [])], path)
     docs = list(corpus.read_sentence_documents([path], corpus.ReadStats()))
     assert counts["mrpc"] == {"documents": 3668, "sentences": 7336}
     assert len(docs) == counts["mrpc"]["documents"] + counts["pydoc"]["documents"]
     assert sum(map(len, docs)) == counts["mrpc"]["sentences"] + counts["pydoc"]["sentences"]
-    with pytest.raises(ValueError, match="'books' is not one of"):
-        experiment.shared_sources(["books"], str(data_dir))
+    with pytest.raises(ValueError, match="corpus reader 'books' is not one of"):
+        experiment.write_corpus([("x", "books", [])], path)
     with pytest.raises(ValueError, match="nope.json does not exist"):
         experiment.write_corpus([("x", "squad", [str(tmp_path / "nope.json")])], path)
 
@@ -128,19 +128,19 @@ def test_probe_command_names_only_what_differs(tmp_path):
     model = pretrain.get_config("transfer").model
     model.vocab_size = 8000
     cmd = experiment.probe_command("sst2_2k", str(tmp_path / "w"), init_checkpoint="", vocab_file="v.txt",
-                                   model=model, shared_data_dir="/data", seed=1)
+                                   model=model, seed=1, data_dir="/data/glue/SST-2")
     flags = [c for c in cmd if c.startswith("--config.")]
     assert "--config.max_train_examples=2000" in flags and "--config.model.vocab_size=8000" in flags
     assert "--config.data_dir=/data/glue/SST-2" in flags and "--config.seed=1" in flags
     assert "--config.model.hidden_size=128" in flags  # bert_jax/configs/glue.py's default architecture is base
     assert not any(f.startswith("--config.train_batch_size=") for f in flags)  # 32 is the default
-    config = experiment.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model,
-                                     shared_data_dir="/data", seed=0, max_train_examples=10)
-    assert config.train_file == "/data/squad/train-v1.1-subset-44articles.json" and config.max_train_examples == 10
-    assert experiment.probe_config("sst2_2k", init_checkpoint="", vocab_file="v.txt", model=model, shared_data_dir="",
+    config = experiment.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model, seed=0,
+                                     train_file="/data/train.json", max_train_examples=10)
+    assert config.train_file == "/data/train.json" and config.max_train_examples == 10 and config.num_train_epochs == 2.0
+    assert experiment.probe_config("sst2_2k", init_checkpoint="", vocab_file="v.txt", model=model,
                                    seed=0, data_dir="/elsewhere/SST-2").data_dir == "/elsewhere/SST-2"
     with pytest.raises(ValueError, match="probe 'cola' is not one of"):
-        experiment.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, shared_data_dir="", seed=0)
+        experiment.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, seed=0)
 
 
 def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, data_dir):
@@ -183,7 +183,7 @@ def test_prepare_dynamic_data_tokenizes_once_for_both_phases(data_dir, tmp_path)
     """dynamic=True writes tokenized documents once into a data_dir the phases share, holding every
     document of the corpus, and each phase's iterator draws its own length from it."""
     path = str(tmp_path / "corpus.txt")
-    counts = experiment.write_corpus(experiment.shared_sources(["mrpc"], str(data_dir)), path)
+    counts = experiment.write_corpus([("mrpc", "glue:mrpc", [str(data_dir / "glue" / "MRPC" / "train.tsv")])], path)
     config = pretrain.get_config("tiny")
     for p in config.phases:
         p.data_dir = str(tmp_path / "documents")

@@ -1,11 +1,10 @@
 """GLUE fine-tuning config: `get_config(task)` for the nine GLUE tasks (default mrpc).
 
   python -m bert_jax.tasks.glue --config glue:mrpc \\
-      --config.init_checkpoint=/path/to/minilm --config.data_dir=../shared/data/glue/MRPC --workdir /tmp/mrpc
+      --config.init_checkpoint=/path/to/pretrain_workdir --config.data_dir=/path/to/glue_data/MRPC --workdir /tmp/mrpc
 
-Tasks: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (`bert_jax.data.glue.TASKS`); data_dir defaults
-to the task's folder of a GLUE download (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI) under
-../shared/data/glue.
+Tasks: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (`bert_jax.data.glue.TASKS`); data_dir is the
+task's folder of a GLUE download (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI).
 
 Defaults are the paper's GLUE recipe (section 4.1) with google-research/bert run_classifier.py's other
 defaults: batch 32, 3 epochs, max_seq_length 128, warmup_proportion 0.1, learning rate 5e-5. The paper
@@ -38,7 +37,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
     # GLUE-format files: train.tsv, dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv), test.tsv
     # (MNLI: test_matched.tsv, test_mismatched.tsv) for do_predict
-    config.data_dir = f"../shared/data/glue/{TASKS[task].folder}"
+    config.data_dir = ""  # the task's folder of a GLUE download, e.g. glue_data/MRPC
     config.max_train_examples = 0  # train only on the first N training examples (0 = all)
     config.use_tfds = False  # read TFDS glue/<task> instead (prepared beforehand; never downloads here)
     config.tfds_data_dir = ""

@@ -30,7 +30,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
     config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
     config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
-    config.data_dir = "../shared/data/conll2003"  # folder of the CoNLL-2003 files
+    config.data_dir = ""  # folder of the CoNLL-2003 files
     config.train_file = "train.txt"  # fine-tune on it; its tags are the label set
     config.dev_file = "valid.txt"  # dev_* metrics (Table 7's Dev F1); "" = none
     config.test_file = "test.txt"  # test_* metrics; "" = none

@@ -23,7 +23,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.init_checkpoint = ""  # "" random | Hugging Face directory | bert_jax pre-training workdir
     config.vocab_file = ""  # WordPiece vocabulary ("" = init_checkpoint's vocab.txt)
     config.do_lower_case = config_dict.placeholder(bool)  # None: the init_checkpoint's casing, else True
-    config.data_dir = "../shared/data/swag"  # folder of the official SWAG CSV files
+    config.data_dir = ""  # folder of the official SWAG CSV files
     config.train_file = "train.csv"  # labelled: fine-tune on it
     config.dev_file = "val.csv"  # labelled: accuracy (the paper's Dev column)
     config.test_file = "test.csv"  # unlabelled: predicted with do_predict

@@ -44,6 +44,17 @@ from bert_jax.engine import TrainState, global_batch
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
 
+def data_file(config: ml_collections.ConfigDict, name: str) -> str:
+    """`config.data_dir`/`name`, the path of one of a task's files.
+
+    Raises:
+      ValueError: config.data_dir is empty (one line: the job has no default data folder).
+    """
+    if not config.data_dir:
+        raise ValueError(f"config.data_dir is empty: name the folder that holds {name}")
+    return storage.join(config.data_dir, name)
+
+
 def load_tokenizer(config: ml_collections.ConfigDict, init: initialisation.Initialisation) -> Tokenizer:
     """The WordPiece tokenizer of the job: config.vocab_file and config.do_lower_case when set, else the
     source's (`initialisation.vocabulary`), checked against the encoder.

@@ -115,7 +115,7 @@ def _examples(config: ml_collections.ConfigDict, file: str, tfds_split: str) -> 
         examples = glue.read_glue_tfds(config.task, tfds_split, data_dir=config.tfds_data_dir or None)
         source = f"TFDS glue/{config.task} {tfds_split}"
     else:
-        source = storage.join(config.data_dir, file)
+        source = finetune.data_file(config, file)
         examples = glue.read_glue_tsv(config.task, source)
     if not examples:
         raise ValueError(f"{source} holds no examples")

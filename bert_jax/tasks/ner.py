@@ -77,7 +77,7 @@ def _sentences(config: ml_collections.ConfigDict, role: str) -> list[conll.Sente
         sentences = conll.read_conll_tfds(TFDS_SPLITS[role], data_dir=config.tfds_data_dir or None)
         source = f"TFDS {conll.TFDS_NAME} {TFDS_SPLITS[role]}"
     else:
-        source = storage.join(config.data_dir, config[f"{role}_file"])
+        source = finetune.data_file(config, config[f"{role}_file"])
         sentences = conll.read_conll(source)
     if not sentences:
         raise ValueError(f"{source} holds no sentences")

@@ -46,7 +46,7 @@ def compute_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, fl
 
 def _examples(config: ml_collections.ConfigDict, name: str, labelled: bool) -> list[swag.SwagExample]:
     """The examples of config.data_dir/<name>; ValueError when empty, or (labelled) without labels."""
-    path = storage.join(config.data_dir, name)
+    path = finetune.data_file(config, name)
     examples = swag.read_swag_csv(path)
     if not examples:
         raise ValueError(f"{path} holds no examples")
