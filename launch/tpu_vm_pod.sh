@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# Runs bert_jax on a Cloud TPU VM pod: create the TPU VM, install the project on every worker, start
-# pre-training (or another entry point) on all workers with a gs:// workdir, stream worker 0's log
-# until its process exits, and with --delete delete the TPU VM when the script ends (training done,
-# a failed step, or Ctrl-C / SIGTERM). --dry_run prints every command instead of running it.
+# Runs bert_jax on a Cloud TPU VM pod: create the slice, ship the package (code only) to every worker and
+# install it, start pre-training (or another entry point) on all workers, stream worker 0's log until its
+# process exits, and with --delete delete the slice when the script ends (training done, a failed step,
+# or Ctrl-C / SIGTERM).
 #
 #   launch/tpu_vm_pod.sh --name bert-base --zone europe-west4-a --accelerator_type v3-32 \
 #       --workdir gs://my-bucket/bert-base -- --config pretrain:base \
-#       --config.model.dtype=bfloat16 --config.phases[0].data_dir=gs://my-bucket/p1 \
-#       --config.phases[1].data_dir=gs://my-bucket/p2
+#       --config.model.dtype=bfloat16 --config.phases[0].data_dir=gs://my-bucket/docs \
+#       --config.phases[1].data_dir=gs://my-bucket/docs
 #
-# Everything after `--` goes to the entry point (default bert_jax.train; --module picks another).
+# Options:
+#   --name NAME               the TPU VM (with --queued, also the queued resource's name)      required
+#   --zone ZONE               e.g. europe-west4-a                                               required
+#   --accelerator_type TYPE   e.g. v3-32, v4-32, v5litepod-16                                   required
+#   --workdir URI             the run directory, gs://... on a multi-host slice                 required
+#   --runtime_version V       the TPU VM image (default tpu-ubuntu2204-base)
+#   --module M                the entry point (default bert_jax.train; e.g. bert_jax.tasks.squad)
+#   --spot                    a spot slice (cheaper, preemptible)
+#   --queued                  obtain the slice through a queued resource (waits until it is ACTIVE)
+#   --no_create               use the existing slice NAME: how to resume after a preemption (the run
+#                             continues from the newest checkpoint in --workdir, never from scratch)
+#   --no_follow               do not stream worker 0's log
+#   --delete                  delete the slice (and the queued resource) when the script ends
+#   --dry_run                 print every remote command instead of running it (the archive is built)
+#   -h, --help                this text
+# Everything after `--` goes to the entry point. Only the package ships (the `bert_jax/` sources and the
+# build files, from `git archive HEAD` in a git checkout): data and outputs never do. On a multi-host slice
+# (more than 8 cores or chips) every worker must reach the workdir and data, so local paths are refused.
 # Workers use the image's Python if it is >= 3.11, else install CPython 3.11 with uv (needs internet).
 set -euo pipefail
 
 NAME="" ZONE="" ACCELERATOR="" RUNTIME="tpu-ubuntu2204-base" WORKDIR="" MODULE="bert_jax.train"
-PROJECT_DIR="bert_jax" DRY_RUN=0 DELETE=0 CREATE=1 FOLLOW=1
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+PROJECT_DIR="bert_jax" DRY_RUN=0 DELETE=0 CREATE=1 FOLLOW=1 SPOT=0 QUEUED=0
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) NAME="$2"; shift 2 ;;
@@ -24,6 +41,8 @@ while [[ $# -gt 0 ]]; do
     --runtime_version) RUNTIME="$2"; shift 2 ;;
     --workdir) WORKDIR="$2"; shift 2 ;;
     --module) MODULE="$2"; shift 2 ;;
+    --spot) SPOT=1; shift ;;
+    --queued) QUEUED=1; shift ;;
     --no_create) CREATE=0; shift ;;
     --no_follow) FOLLOW=0; shift ;;
     --delete) DELETE=1; shift ;;
@@ -39,6 +58,20 @@ for var in NAME ZONE ACCELERATOR WORKDIR; do
     echo "tpu_vm_pod.sh: --$flag is required" >&2; exit 2
   fi
 done
+# A slice of more than 8 cores (v2, v3) or chips (v4, v5) spans several hosts: every path must be shared.
+SIZE=${ACCELERATOR##*-}
+if [[ $SIZE =~ ^[0-9]+$ && $SIZE -gt 8 ]]; then
+  for value in "--workdir=$WORKDIR" "$@"; do
+    case "$value" in
+      --workdir=*|--config.*data_dir=*|--config.init_checkpoint=*|--config.train_file=*|--config.predict_file=*)
+        path="${value#*=}"
+        if [[ -n $path && $path != gs://* ]]; then
+          echo "tpu_vm_pod.sh: ${value%%=*}=$path is a local path, but $ACCELERATOR spans several hosts: use a gs:// URI" >&2
+          exit 2
+        fi ;;
+    esac
+  done
+fi
 
 run() {  # prints the command; runs it unless --dry_run
   printf '+'; printf ' %q' "$@"; printf '\n'
@@ -51,33 +84,58 @@ run_waiting() {  # as run, but in the background while the script waits, so that
 }
 
 TPU=(gcloud compute tpus tpu-vm)
+QR=(gcloud compute tpus queued-resources)
 ENTRY_ARGS=$(printf ' %q' --workdir "$WORKDIR" "$@")
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
+SPOT_FLAG=(); [[ $SPOT == 1 ]] && SPOT_FLAG=(--spot)
 
 if [[ $CREATE == 1 ]]; then
-  run "${TPU[@]}" create "$NAME" --zone "$ZONE" --accelerator-type "$ACCELERATOR" --version "$RUNTIME"
+  if [[ $QUEUED == 1 ]]; then
+    run "${QR[@]}" create "$NAME" --node-id "$NAME" --zone "$ZONE" --accelerator-type "$ACCELERATOR" \
+      --runtime-version "$RUNTIME" "${SPOT_FLAG[@]}"
+    run_waiting bash -c "until [ \"\$(${QR[*]} describe $NAME --zone $ZONE --format='value(state.state)')\" = ACTIVE ]; do sleep 30; done"
+  else
+    run "${TPU[@]}" create "$NAME" --zone "$ZONE" --accelerator-type "$ACCELERATOR" --version "$RUNTIME" \
+      "${SPOT_FLAG[@]}"
+  fi
 fi
-if [[ $DELETE == 1 ]]; then
-  # From here on, however the script ends, the VM goes (and the training on it): EXIT runs on success
-  # and on errors (set -e); INT and TERM exit through it.
-  delete_vm() {
-    if [[ -n $WAITING ]]; then kill "$WAITING" 2>/dev/null || true; fi
-    run "${TPU[@]}" delete "$NAME" --zone "$ZONE" --quiet
-  }
-  trap delete_vm EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-fi
+ARCHIVE=/tmp/bert_jax_src-$$.tgz
+# From here on, however the script ends (EXIT runs on success and on errors, set -e; INT and TERM exit
+# through it): the archive goes (kept with --dry_run), and with --delete the slice (and the training on it).
+finish() {
+  if [[ -n $WAITING ]]; then kill "$WAITING" 2>/dev/null || true; fi
+  if [[ $DRY_RUN == 0 ]]; then rm -f "$ARCHIVE"; fi
+  if [[ $DELETE == 1 ]]; then
+    if [[ $QUEUED == 1 ]]; then
+      run "${QR[@]}" delete "$NAME" --zone "$ZONE" --force --quiet
+    else
+      run "${TPU[@]}" delete "$NAME" --zone "$ZONE" --quiet
+    fi
+  fi
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # Python >= 3.11 on each worker (jax needs it): the image's python3 if new enough (python3.11 first), else
 # a standalone CPython 3.11 installed by uv (pip-installed for the user; the Ubuntu 22.04 TPU images ship
 # Python 3.10).
 FIND_PYTHON='PY=$(command -v python3.11 || true); if [ -z "$PY" ]; then if python3 -c "import sys; sys.exit(sys.version_info < (3, 11))"; then PY=python3; else python3 -m pip install -q --user uv && ~/.local/bin/uv python install 3.11 && PY=$(~/.local/bin/uv python find 3.11); fi; fi'
-# The working tree (without .venv, caches or data) to every worker, then the install.
-run tar --exclude=.venv --exclude=.git --exclude='*.egg-info' --exclude=__pycache__ -czf /tmp/bert_jax_src.tgz \
-  -C "$SRC" .
-run "${TPU[@]}" scp /tmp/bert_jax_src.tgz "$NAME:~/" --zone "$ZONE" --worker=all
+# The package only: the committed sources (git archive of HEAD) in a checkout, else the same paths from
+# the tree; built locally even with --dry_run.
+SHIP=(bert_jax setup.cfg pyproject.toml README.md)
+if git -C "$SRC" rev-parse --verify -q HEAD > /dev/null 2>&1; then
+  if [[ -n $(git -C "$SRC" status --porcelain -- "${SHIP[@]}" 2>/dev/null) ]]; then
+    echo "tpu_vm_pod.sh: uncommitted changes under ${SHIP[*]} are not shipped (git archive of HEAD)" >&2
+  fi
+  printf '+ git archive HEAD -> %s\n' "$ARCHIVE"
+  git -C "$SRC" archive --format=tar.gz -o "$ARCHIVE" HEAD -- "${SHIP[@]}"
+else
+  printf '+ tar %s -> %s\n' "${SHIP[*]}" "$ARCHIVE"
+  tar --exclude=__pycache__ -czf "$ARCHIVE" -C "$SRC" "${SHIP[@]}"
+fi
+run "${TPU[@]}" scp "$ARCHIVE" "$NAME:~/bert_jax_src.tgz" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
-  "mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
+  "rm -rf $PROJECT_DIR && mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
 # Every worker runs the same program; jax.distributed finds the pod's other hosts itself. Each worker
 # keeps the process id in run.pid.
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
@@ -91,3 +149,4 @@ elif [[ $DELETE == 1 ]]; then
   run_waiting "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=0 --command \
     "cd $PROJECT_DIR && while kill -0 \$(cat run.pid) 2>/dev/null; do sleep 60; done"
 fi
+if [[ $DRY_RUN == 1 ]]; then echo "archive: $ARCHIVE"; fi

@@ -1,5 +1,7 @@
 """Launch scripts: the TPU VM pod launcher's --dry_run, and the laptop launcher's error path."""
 
+import os
+import re
 import subprocess
 
 from conftest import ROOT
@@ -17,11 +19,11 @@ def test_tpu_vm_pod_dry_run_prints_every_command():
     assert len(lines) == 7
     create, pack, scp, install, start, follow, delete = lines
     assert "tpu-vm create bert-base --zone europe-west4-a --accelerator-type v3-32" in create
-    assert "tar" in pack and "--exclude=.venv" in pack
+    assert "git archive HEAD" in pack
     assert "tpu-vm scp" in scp and "--worker=all" in scp
     assert "--worker=all" in install and "pip" in install and "tpu" in install
     assert "--worker=all" in start and "bert_jax.train" in start and "--jax_distributed" in start
-    assert "gs://bucket/run" in start and "pretrain.py:base" in start and "bfloat16" in start
+    assert "gs://bucket/run" in start and "pretrain:base" in start and "bfloat16" in start
     assert "--worker=0" in follow and "run.log" in follow
     # The log is followed only while worker 0's process runs, so the script reaches the deletion.
     start, follow = start.replace("\\", ""), follow.replace("\\", "")  # undo printf %q
@@ -38,8 +40,74 @@ def test_tpu_vm_pod_deletes_the_vm_when_the_script_fails(tmp_path):
     result = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v3-8", "--workdir", "gs://b",
                                    "--delete"], capture_output=True, text=True, timeout=60,
                             env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
-    assert (tmp_path / "calls").read_text().split() == ["create", "tar", "scp", "delete"]
+    assert (tmp_path / "calls").read_text().split() == ["create", "scp", "delete"]
     assert result.returncode == 3, result.stderr
+
+
+def test_tpu_vm_pod_ships_the_package_only(tmp_path):
+    """From a checkout holding a 100 MB data/ folder (and a demo_run/ output), the archive the launcher ships
+    is the package's sources: under 2 MB, no data."""
+    import tarfile
+
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(checkout)], check=True, timeout=120)
+    (checkout / "data").mkdir()
+    with open(checkout / "data" / "corpus.txt", "wb") as f:
+        f.write(b"x" * (100 << 20))
+    (checkout / "demo_run").mkdir()
+    (checkout / "demo_run" / "summary.json").write_text("{}")
+    result = subprocess.run([str(checkout / "launch" / "tpu_vm_pod.sh"), "--name", "n", "--zone", "z",
+                             "--accelerator_type", "v3-8", "--workdir", "gs://b/run", "--dry_run"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    archive = result.stdout.strip().splitlines()[-1].removeprefix("archive: ")
+    try:
+        assert os.path.getsize(archive) < 2 << 20
+        with tarfile.open(archive) as tar:
+            names = tar.getnames()
+    finally:
+        os.remove(archive)
+    assert "bert_jax/train.py" in names and "setup.cfg" in names and "bert_jax/configs/pretrain.py" in names
+    assert not [n for n in names if n.startswith(("data", "demo_run", "tests", "benchmarks", ".git"))]
+
+
+def test_tpu_vm_pod_help_lists_every_option():
+    script = (ROOT / "launch" / "tpu_vm_pod.sh").read_text()
+    options = set(re.findall(r"^\s+(--[a-z_]+)\)", script, re.M))
+    assert {"--no_create", "--spot", "--queued", "--delete", "--dry_run"} <= options
+    result = subprocess.run(POD + ["--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for option in options:
+        assert re.search(rf"^  {option}\b", result.stdout, re.M), option
+    assert "resume after a preemption" in result.stdout
+
+
+def test_tpu_vm_pod_refuses_local_paths_on_a_multi_host_slice():
+    for args, flag in ((["--workdir", "/tmp/run", "--"], "--workdir"),
+                       (["--workdir", "gs://b/run", "--", "--config.phases[0].data_dir=data/docs"],
+                        "--config.phases[0].data_dir")):
+        result = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v4-32", "--dry_run",
+                                       *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip().splitlines() == [
+            f"tpu_vm_pod.sh: {flag}={args[1] if flag == '--workdir' else 'data/docs'} is a local path, but v4-32 "
+            "spans several hosts: use a gs:// URI"]
+    single = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v4-8", "--dry_run",
+                                   "--workdir", "/tmp/run"], capture_output=True, text=True, timeout=60)
+    assert single.returncode == 0, single.stderr
+    os.remove(single.stdout.strip().splitlines()[-1].removeprefix("archive: "))
+
+
+def test_tpu_vm_pod_spot_and_queued_resources():
+    result = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v5litepod-16", "--workdir",
+                                   "gs://b/run", "--spot", "--queued", "--delete", "--dry_run"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert "queued-resources create n --node-id n" in lines[0] and "--spot" in lines[0]
+    assert "ACTIVE" in lines[1]
+    assert "queued-resources delete n" in lines[-1] and "--force" in lines[-1]
+    os.remove(result.stdout.strip().splitlines()[-1].removeprefix("archive: "))
 
 
 def test_tpu_vm_pod_requires_its_flags():
