@@ -133,6 +133,7 @@ else
   printf '+ tar %s -> %s\n' "${SHIP[*]}" "$ARCHIVE"
   tar --exclude=__pycache__ -czf "$ARCHIVE" -C "$SRC" "${SHIP[@]}"
 fi
+if [[ $DRY_RUN == 1 ]]; then echo "archive: $ARCHIVE"; fi
 run "${TPU[@]}" scp "$ARCHIVE" "$NAME:~/bert_jax_src.tgz" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
   "rm -rf $PROJECT_DIR && mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
@@ -149,4 +150,3 @@ elif [[ $DELETE == 1 ]]; then
   run_waiting "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=0 --command \
     "cd $PROJECT_DIR && while kill -0 \$(cat run.pid) 2>/dev/null; do sleep 60; done"
 fi
-if [[ $DRY_RUN == 1 ]]; then echo "archive: $ARCHIVE"; fi

@@ -338,6 +338,17 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     stored = checkpointing.stored_params(str(tmp_path / "out" / "checkpoints" / "0"))
     _, reference = convert.from_hf(str(path))
     assert set(stored) == set(_flat(reference))
+    # A fine-tuning job starts from it: the encoder is the source's, bit for bit.
+    import optax
+
+    from bert_jax import heads, sharding
+    from bert_jax.tasks import finetune
+
+    model = heads.BertForSequenceClassification(init.config, num_labels=3)
+    state, _ = finetune.create_state(model, optax.sgd(0.1), sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, 0)
+    ours = _flat(state.params["bert"])
+    for k, v in _flat(reference["bert"]).items():
+        np.testing.assert_array_equal(ours[k], v, err_msg=k)
     bad = subprocess.run([sys.executable, "-m", "bert_jax.convert", command, "--input", str(tmp_path / "none"),
                           "--output_dir", str(tmp_path / "bad")], capture_output=True, text=True)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()

@@ -9,6 +9,11 @@ from conftest import ROOT
 POD = [str(ROOT / "launch" / "tpu_vm_pod.sh")]
 
 
+def _archive(stdout: str) -> str:
+    """The path of the archive a --dry_run built (its "archive: PATH" line)."""
+    return next(line.removeprefix("archive: ") for line in stdout.splitlines() if line.startswith("archive: "))
+
+
 def test_tpu_vm_pod_dry_run_prints_every_command():
     result = subprocess.run(POD + ["--name", "bert-base", "--zone", "europe-west4-a", "--accelerator_type", "v3-32",
                                    "--workdir", "gs://bucket/run", "--dry_run", "--delete", "--",
@@ -60,7 +65,7 @@ def test_tpu_vm_pod_ships_the_package_only(tmp_path):
                              "--accelerator_type", "v3-8", "--workdir", "gs://b/run", "--dry_run"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    archive = result.stdout.strip().splitlines()[-1].removeprefix("archive: ")
+    archive = _archive(result.stdout)
     try:
         assert os.path.getsize(archive) < 2 << 20
         with tarfile.open(archive) as tar:
@@ -95,7 +100,7 @@ def test_tpu_vm_pod_refuses_local_paths_on_a_multi_host_slice():
     single = subprocess.run(POD + ["--name", "n", "--zone", "z", "--accelerator_type", "v4-8", "--dry_run",
                                    "--workdir", "/tmp/run"], capture_output=True, text=True, timeout=60)
     assert single.returncode == 0, single.stderr
-    os.remove(single.stdout.strip().splitlines()[-1].removeprefix("archive: "))
+    os.remove(_archive(single.stdout))
 
 
 def test_tpu_vm_pod_spot_and_queued_resources():
@@ -107,7 +112,7 @@ def test_tpu_vm_pod_spot_and_queued_resources():
     assert "queued-resources create n --node-id n" in lines[0] and "--spot" in lines[0]
     assert "ACTIVE" in lines[1]
     assert "queued-resources delete n" in lines[-1] and "--force" in lines[-1]
-    os.remove(result.stdout.strip().splitlines()[-1].removeprefix("archive: "))
+    os.remove(_archive(result.stdout))
 
 
 def test_tpu_vm_pod_requires_its_flags():
