@@ -39,25 +39,27 @@ def _labels(saved_config: dict) -> list[str] | None:
     return list(task.labels) if task is not None and task.labels else None
 
 
-def _host_params(init: initialisation.Initialisation) -> dict:
-    """Every parameter of a bert_jax checkpoint, on the first local device (float32)."""
+def _host_params(init: initialisation.Initialisation) -> tuple[dict, dict]:
+    """(every parameter of a bert_jax source's checkpoint on the first local device, float32; the run's saved
+    config) of the checkpoint `initialisation.read_run` picks."""
     import jax
     import jax.numpy as jnp
     from flax import traverse_util
 
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    stored = checkpointing.stored_params(storage.join(init.path, str(init.step)))
-    target = traverse_util.unflatten_dict({tuple(p.split("/")): jax.ShapeDtypeStruct(shape, jnp.float32, sharding=device)
-                                           for p, shape in stored.items()})
-    return jax.device_get(checkpointing.restore_params(init.path, target, init.step))
 
+    def restore(step):
+        stored = checkpointing.stored_params(storage.join(init.path, str(step)))
+        target = traverse_util.unflatten_dict({tuple(p.split("/")): jax.ShapeDtypeStruct(s, jnp.float32, sharding=device)
+                                               for p, s in stored.items()})
+        params = jax.device_get(checkpointing.restore_params(init.path, target, step))
+        reader = checkpointing.Checkpointer(init.path, async_save=False, read_only=True)
+        try:
+            return params, reader.restore_config(step)
+        finally:
+            reader.close()
 
-def _saved_config(init: initialisation.Initialisation) -> dict:
-    reader = checkpointing.Checkpointer(init.path, async_save=False, read_only=True)
-    try:
-        return reader.restore_config(init.step)
-    finally:
-        reader.close()
+    return initialisation.read_run(init, restore)
 
 
 def to_hf(checkpoint: str, output_dir: str) -> str:
@@ -72,8 +74,8 @@ def to_hf(checkpoint: str, output_dir: str) -> str:
     if init.kind != "orbax":
         raise ValueError(f"--checkpoint={checkpoint!r} is not a bert_jax run (it is already a Hugging Face or "
                          "TensorFlow checkpoint)")
-    params = _host_params(init)
-    labels = _labels(_saved_config(init))
+    params, saved_config = _host_params(init)
+    labels = _labels(saved_config)
 
     def write(tmp: str) -> None:
         convert.to_hf(init.config, params, tmp, labels=labels)

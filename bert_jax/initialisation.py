@@ -61,7 +61,8 @@ class Initialisation:
       config: the architecture of the source with the job's `JOB_FIELDS` (for "random": the job's own).
       params: kind "hf": the BertForPreTraining tree of numpy arrays (`convert.from_hf`).
       fresh: kind "hf": "/"-joined paths of `params` the source lacked (filled by the converter, not loaded).
-      step: kind "orbax": the checkpoint's step.
+      step: kind "orbax": the checkpoint named (`<workdir>/checkpoints/<step>`); None: the newest readable one
+        when the arrays are read (unreadable newer ones are moved aside then).
       vocab_file: the vocab.txt that belongs to the source (beside it, or in the run directory), or None.
       do_lower_case: the source's recorded casing (tokenizer_config.json), or None when not recorded.
     """
@@ -74,10 +75,6 @@ class Initialisation:
     step: int | None = None
     vocab_file: str | None = None
     do_lower_case: bool | None = None
-
-    @property
-    def description(self) -> str:
-        return {"hf": "weights", "orbax": f"checkpoint {self.step} of {self.path}"}.get(self.kind, "random")
 
 
 def run_directory(path: str) -> str:
@@ -136,7 +133,7 @@ def resolve(path: str, model: Mapping[str, Any], *, field: str = "config.init_ch
             found = checkpointing.newest_readable(ckpt_dir, checkpointer.all_steps(), checkpointer.restore_config)
             if found is None:
                 raise FileNotFoundError(f"{field}={path!r}: {ckpt_dir} holds no finished checkpoint")
-            step, saved = found
+            saved = found[1]  # the arrays are read from the newest readable checkpoint when loaded
         else:  # the one asked for, or a one-line error
             saved = checkpointing.read_step(ckpt_dir, step, checkpointer.restore_config)
     finally:
@@ -219,30 +216,63 @@ def load_params(init: Initialisation, params: Any, shardings: Any, mesh: jax.sha
     wanted = [p for p in flat if take(p)]
     if init.kind == "hf":
         source = traverse_util.flatten_dict(init.params, sep="/")
-        held = {p: tuple(np.shape(source[p])) for p in source if p not in init.fresh}
-    else:
-        held = checkpointing.stored_params(storage.join(init.path, str(init.step)))
-    have = [p for p in wanted if p in held]
-    missing = [p for p in wanted if p not in held and not p.startswith(_OPTIONAL)]
-    if missing:
-        raise ValueError(f"init_checkpoint {init.path}: no parameter {missing[0]} (and {len(missing) - 1} more); "
-                         "a source of another model?")
-    for p in have:
-        if held[p] != tuple(flat[p].shape):
-            raise ValueError(f"init_checkpoint {init.path}: parameter {p} has shape {held[p]}, the model wants "
-                             f"{tuple(flat[p].shape)}")
-    if init.kind == "hf":
+        have = _held(init, {p: tuple(np.shape(source[p])) for p in source if p not in init.fresh}, flat, wanted)
         for p in have:
             value = np.asarray(source[p], dtype=flat[p].dtype)
             flat[p] = jax.make_array_from_callback(value.shape, flat_shardings[p], lambda i, v=value: v[i])
-    elif have:
-        target = traverse_util.unflatten_dict(
-            {tuple(p.split("/")): jax.ShapeDtypeStruct(flat[p].shape, flat[p].dtype, sharding=flat_shardings[p])
-             for p in have})
-        with jax.set_mesh(mesh):
-            restored = checkpointing.restore_params(init.path, target, init.step)
+    else:
+        def restore(step):
+            held = checkpointing.stored_params(storage.join(init.path, str(step)))
+            if not held:  # a checkpoint whose tree metadata lists no parameter: damage
+                raise OSError("the checkpoint's tree metadata lists no parameter")
+            have = _held(init, held, flat, wanted)
+            target = traverse_util.unflatten_dict(
+                {tuple(p.split("/")): jax.ShapeDtypeStruct(flat[p].shape, flat[p].dtype, sharding=flat_shardings[p])
+                 for p in have})
+            with jax.set_mesh(mesh):
+                return have, checkpointing.restore_params(init.path, target, step)
+
+        have, restored = read_run(init, restore)
         flat.update(traverse_util.flatten_dict(restored, sep="/"))
-    return traverse_util.unflatten_dict(flat, sep="/"), [p for p in wanted if p not in held]
+    return traverse_util.unflatten_dict(flat, sep="/"), [p for p in wanted if p not in have]
+
+
+def _held(init: Initialisation, held: Mapping[str, tuple], flat: Mapping[str, Any], wanted: list[str]) -> list[str]:
+    """The `wanted` paths the source holds (`held`: path -> shape), checked against the job's `flat` arrays.
+
+    Raises:
+      checkpointing.CheckpointMismatch (a ValueError): an encoder parameter other than the pooler missing, or
+        a parameter of another shape (a source of another model, not a damaged one).
+    """
+    missing = [p for p in wanted if p not in held and not p.startswith(_OPTIONAL)]
+    if missing:
+        raise checkpointing.CheckpointMismatch(
+            f"init_checkpoint {init.path}: no parameter {missing[0]} (and {len(missing) - 1} more); a source of "
+            "another model?")
+    have = [p for p in wanted if p in held]
+    for p in have:
+        if held[p] != tuple(flat[p].shape):
+            raise checkpointing.CheckpointMismatch(f"init_checkpoint {init.path}: parameter {p} has shape {held[p]}, "
+                                                   f"the model wants {tuple(flat[p].shape)}")
+    return have
+
+
+def read_run(init: Initialisation, restore: Callable[[int], Any]) -> Any:
+    """`restore(step)` of a bert_jax source (kind "orbax"): of `init.step` when named (an unreadable one is
+    a one-line NoReadableCheckpoint, left in place), else of the newest readable checkpoint (the one
+    fallback policy, `checkpointing.newest_readable`: unreadable newer steps reported and moved aside).
+
+    Raises:
+      checkpointing.NoReadableCheckpoint: as above, or no readable checkpoint at all.
+      checkpointing.CheckpointMismatch: from `restore`.
+    """
+    if init.step is not None:
+        return checkpointing.read_step(init.path, init.step, restore)
+    steps = sorted(int(name) for name in storage.list_names(init.path) if name.isdigit())
+    found = checkpointing.newest_readable(init.path, steps, restore)
+    if found is None:
+        raise checkpointing.NoReadableCheckpoint(f"{init.path}: no checkpoint")
+    return found[1]
 
 
 def summarize_paths(paths: list[str]) -> str:

@@ -293,7 +293,7 @@ def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path
     init = initialisation.resolve(str(tmp_path / "sq"), pretrain.model_config("tiny"))
     from bert_jax import convert_cli
 
-    params = convert_cli._host_params(init)
+    params = convert_cli._host_params(init)[0]
     span = heads.BertForQuestionAnswering(init.config).apply({"params": params}, *inputs, deterministic=True)
     start, end = span.start_logits, span.end_logits
     qa = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "hf_sq").eval()
@@ -303,7 +303,7 @@ def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path
     np.testing.assert_allclose(out.end_logits.numpy(), np.asarray(end), atol=1e-5)
 
     init = initialisation.resolve(str(tmp_path / "pre"), pretrain.model_config("tiny"))
-    params = convert_cli._host_params(init)
+    params = convert_cli._host_params(init)[0]
     positions = np.array([[1, 2, 3]], np.int32)
     ours = train.create_model(_tiny_config(init)).apply({"params": params}, *inputs, positions, deterministic=True)
     pre = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf_pre").eval()
@@ -336,6 +336,7 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     assert init.kind == "orbax" and init.config.hidden_size == 32
     assert initialisation.vocabulary(init, "", None)[0] == str(tmp_path / "out" / "vocab.txt")
     stored = checkpointing.stored_params(str(tmp_path / "out" / "checkpoints" / "0"))
+    assert init.step is None  # the newest readable checkpoint: 0
     _, reference = convert.from_hf(str(path))
     assert set(stored) == set(_flat(reference))
     # A fine-tuning job starts from it: the encoder is the source's, bit for bit.

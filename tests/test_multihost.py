@@ -109,7 +109,7 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
     _two_processes(instances, tmp_path / "whole", 10, extra)
     _two_processes(instances, tmp_path / "resumed", 5, extra)
     _two_processes(instances, tmp_path / "resumed", 10, extra)
-    from bert_jax import checkpointing, sharding, train
+    from bert_jax import checkpointing, engine, sharding, train
     from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
