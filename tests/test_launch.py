@@ -20,6 +20,7 @@ def test_tpu_vm_pod_dry_run_prints_every_command():
                                    "--config", "pretrain:base", "--config.model.dtype=bfloat16"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    os.remove(_archive(result.stdout))
     lines = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
     assert len(lines) == 7
     create, pack, scp, install, start, follow, delete = lines
