@@ -52,8 +52,9 @@ class BertConfig:
         num_hidden_layers); compiles 24 layers as fast as one.
       remat_policy: activation rematerialisation of each layer: "none", "full", "dots" or
         "dots_no_batch" (a `jax.checkpoint_policies` policy).
-      kernels: "auto", "reference", "xla_cpu" or "tpu", the `bert_jax.kernels` set (auto: xla_cpu when the
-        default backend is the CPU; programs compiled ahead of time resolve it for their target).
+      kernels: "auto", "reference", "xla_cpu", "tpu", "splash" or "gpu", the `bert_jax.kernels` set (auto: xla_cpu
+        when the default backend is the CPU, tpu on a TPU, gpu on a GPU; programs compiled ahead of time resolve
+        it for their target).
 
     Raises:
       ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown

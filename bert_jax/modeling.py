@@ -217,7 +217,11 @@ class BertSelfAttention(nn.Module):
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
         batch, length = x.shape[:2]
-        kernel = _kernels(c).attention
+        kernel_set = _kernels(c)
+        kernel = kernel_set.attention
+        if kernel is not None and kernel_set.attention_applies is not None and not kernel_set.attention_applies(
+                dtype, h, length, c.attention_probs_dropout_prob > 0 and not deterministic):
+            kernel = None  # where the kernel set's attention does not apply: the model's own
         # Queries at `positions` only (the last layer when only some outputs are read), unless a kernel
         # set's own attention computes every row (the rows are taken after it).
         sparse = positions is not None and kernel is None

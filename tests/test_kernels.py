@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import kernels, losses, modeling
-from bert_jax.kernels import reference, xla_cpu
+from bert_jax.kernels import gpu, reference, xla_cpu
 
 SETS = ["reference", "xla_cpu"]
 DTYPES = ["float32", "bfloat16"]
@@ -21,16 +21,18 @@ def _tol(dtype, f32=1e-5, bf16=2e-2):
     return dict(rtol=f32, atol=f32) if dtype == "float32" else dict(rtol=bf16, atol=bf16)
 
 
-def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_reference_elsewhere():
-    assert kernels.resolve("auto", "cpu") == "xla_cpu"
-    assert kernels.resolve("auto", "tpu") == "tpu" and kernels.resolve("auto", "gpu") == "reference"
+def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewhere():
+    assert kernels.resolve("auto", "cpu") == "xla_cpu" and kernels.resolve("auto", "rocm") == "reference"
+    assert kernels.resolve("auto", "tpu") == "tpu" and kernels.resolve("auto", "gpu") == "gpu"
     assert kernels.resolve("xla_cpu", "tpu") == "xla_cpu" and kernels.resolve("reference", "cpu") == "reference"
     assert kernels.resolve("auto") == "xla_cpu"  # these tests run on the CPU backend
-    assert kernels.get("auto", "gpu") is reference.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
+    assert kernels.get("auto", "gpu") is gpu.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
+    # The gpu set: the reference forms and cuDNN's attention where it applies, nothing else.
+    assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
     assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu) == reference.KERNELS
-    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu', 'splash'\]"):
+    with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu', 'splash', 'gpu'\]"):
         kernels.resolve("pallas")
     with pytest.raises(ValueError, match="model.kernels='cuda'"):
         modeling.BertConfig(kernels="cuda")
@@ -202,3 +204,98 @@ def test_swapped_replaces_one_operation_for_the_block_only():
     with pytest.raises(ValueError, match="cannot swap 'softmax' in kernel set 'xla_cpu'"):
         with kernels.swapped("xla_cpu", "softmax"):
             pass
+
+
+# ----------------------------------------------------------------------------- the gpu set's attention
+
+
+def test_gpu_attention_applies_where_cudnn_takes_the_layer():
+    """cuDNN's fused attention (jax's check_is_flash_attention): bfloat16 / float16, head size a multiple of 8
+    up to 128, an even length with a mask, and no attention dropout; the reference path elsewhere."""
+    assert gpu.applies(jnp.bfloat16, 64, 128, False) and gpu.applies("float16", 128, 512, False)
+    assert not gpu.applies(jnp.float32, 64, 128, False)  # float32: no cuDNN flash attention
+    assert not gpu.applies(jnp.bfloat16, 4, 128, False) and not gpu.applies(jnp.bfloat16, 12, 128, False)
+    assert not gpu.applies(jnp.bfloat16, 256, 128, False)  # over the pre-Hopper bound
+    assert not gpu.applies(jnp.bfloat16, 64, 127, False)  # an odd length with a mask
+    assert not gpu.applies(jnp.bfloat16, 64, 128, True)  # attention dropout: the kernel draws none
+
+
+def _segments(length):
+    segments = np.zeros((2, length), np.int32)
+    segments[0, :12], segments[0, 12:20], segments[0, 20:26] = 1, 2, 3  # packed, then padding
+    segments[1, : length - 5] = 1  # one sequence, then padding
+    return jnp.asarray(segments)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch):
+    """The gpu set's call of jax.nn.dot_product_attention (its "xla" lowering here: no cuDNN on a CPU) against
+    the model's formula with `segment_mask_bias`, at the real tokens, value and gradient."""
+    monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
+    b, n, length, h = 2, 2, 32, 16
+    q, k, v = (x.astype(dtype) for x in jax.random.normal(jax.random.PRNGKey(0), (3, b, n, length, h)))
+    segments = _segments(length)
+    real = (segments > 0)[:, None, :, None]
+
+    def reference_attention(q, k, v):
+        scores = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(h)
+        probs = jax.nn.softmax(scores + modeling.segment_mask_bias(segments), axis=-1)
+        return jnp.einsum("bnqk,bnkh->bnqh", probs.astype(dtype), v)
+
+    def ours(q, k, v):
+        return gpu.attention((q / np.sqrt(h)).astype(dtype), k, v, segments)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v), 0).astype(jnp.float32) ** 2)
+
+    tol = _tol(dtype, f32=1e-5, bf16=3e-2)
+    got, want = ours(q, k, v), reference_attention(q, k, v)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(np.where(real, got, 0).astype(np.float32), np.where(real, want, 0).astype(np.float32),
+                               **tol)
+    for g, w in zip(jax.grad(loss(ours), (0, 1, 2))(q, k, v), jax.grad(loss(reference_attention), (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **_tol(dtype, 1e-4, 1e-1))
+
+
+def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
+    """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes the kernel
+    (the same logits as the reference set within bfloat16's tolerance); float32, and a bfloat16 training pass
+    with attention dropout, take the reference path: the reference set's outputs exactly."""
+    monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
+    calls = []
+    monkeypatch.setattr(gpu, "KERNELS", dataclasses.replace(
+        gpu.KERNELS, attention=lambda *a: calls.append(1) or gpu.attention(*a)))
+    length = 32
+    segments = _segments(length)
+    starts = [[0, 12, 20], [0, 0, 0]]
+    positions = np.zeros((2, length), np.int32)
+    for row in range(2):
+        for s in range(length):
+            positions[row, s] = s - max(t for t in starts[row] if t <= s)
+    inputs = dict(input_ids=jax.random.randint(jax.random.PRNGKey(1), (2, length), 5, 99), token_type_ids=None,
+                  attention_mask=(segments > 0).astype(jnp.int32), masked_lm_positions=jnp.array([[1, 13, 21], [2, 3, 4]]))
+    packed = dict(segment_ids=segments, position_ids=jnp.asarray(positions),
+                  next_sentence_positions=jnp.array([[0, 12, 20], [0, 0, 0]]))
+
+    def run(name, dtype, dropout, deterministic=True):
+        config = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64, dtype=dtype, kernels=name,
+                                     attention_probs_dropout_prob=dropout)
+        model = modeling.BertForPreTraining(config)
+        params = model.init(jax.random.PRNGKey(0), inputs["input_ids"][:1],
+                            masked_lm_positions=inputs["masked_lm_positions"][:1])["params"]
+        calls.clear()
+        out = model.apply({"params": params}, **inputs, **packed, deterministic=deterministic,
+                          rngs={"dropout": jax.random.PRNGKey(2)})
+        return (np.asarray(out.mlm_logits, np.float32), np.asarray(out.nsp_logits, np.float32)), len(calls)
+
+    (got, used), (want, _) = run("gpu", "bfloat16", 0.0), run("reference", "bfloat16", 0.0)
+    assert used == 2  # the kernel took both layers
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-2, rtol=5e-2)
+    for dtype, dropout, deterministic in (("float32", 0.0, True), ("bfloat16", 0.1, False)):
+        (got, used), (want, _) = run("gpu", dtype, dropout, deterministic), run("reference", dtype, dropout,
+                                                                                 deterministic)
+        assert used == 0  # the reference path, not the kernel
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)

@@ -49,7 +49,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
         param_dtype="float32",  # parameters stay float32
         scan_layers=False,  # nn.scan over layers (fast compile of deep models)
         remat_policy="none",  # none | full | dots | dots_no_batch
-        kernels="auto",  # auto | reference | xla_cpu | tpu (bert_jax.kernels; auto: xla_cpu on CPU, tpu on TPU)
+        kernels="auto",  # auto | reference | xla_cpu | tpu | splash | gpu (bert_jax.kernels; auto: xla_cpu on CPU,
+        # tpu on TPU, gpu on GPU)
     ))
 
 

@@ -1,4 +1,5 @@
-"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu" | "splash").
+"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu" | "splash" |
+"gpu").
 
 `bert_jax.modeling` writes the paper's model in plain JAX/Flax; the few places where the compiler of
 one backend needs help get their operation from `get(name)` (LayerNorm, the cross-entropy and argmax
@@ -9,24 +10,27 @@ had xla_cpu forms until the ablation on BERT-Base showed no win for them):
   feed-forward dense   flax Dense's lax.dot_general              kernel gradient from x^T, held apart
   tied MLM logits      einsum + bias                             hand-written gradient
   dropout              flax.linen.Dropout (JAX PRNG)             counter-hash mask
-  attention            the model's softmax(q k^T + mask) v       (splash set: Pallas splash attention)
+  attention            the model's softmax(q k^T + mask) v       (splash set: Pallas splash attention;
+                                                                  gpu set: cuDNN fused attention)
 
 The "tpu" set (`bert_jax.kernels.tpu`) is the reference with xla_cpu's GELU, the one kernel that also
 gives the TPU a lighter program (benchmarks/aot_kernels.py). The "splash" set (`bert_jax.kernels.splash`) is
 the tpu set with Pallas splash attention (segment ids, under shard_map), for TPU runs without
-attention-probability dropout; only chosen by name. "auto" is "xla_cpu" when compiling for the
-CPU, "tpu" for a TPU, and "reference" for any other platform (GPU). Each kernel is tested against its
+attention-probability dropout; only chosen by name. The "gpu" set (`bert_jax.kernels.gpu`) is the reference
+with cuDNN's fused attention where cuDNN takes the layer (bfloat16 / float16, no attention dropout;
+`Kernels.attention_applies`) and the reference attention elsewhere. "auto" is "xla_cpu" when compiling for
+the CPU, "tpu" for a TPU, "gpu" for a GPU, and "reference" for any other platform. Each kernel is tested against its
 reference form (value and gradient, float32 and bfloat16, tests/test_kernels.py) and stays only while it
 wins where it runs (benchmarks/train_step.py --ablate on the CPU, benchmarks/aot_kernels.py on TPUs).
 """
 
 from __future__ import annotations
 
-KERNELS = ("auto", "reference", "xla_cpu", "tpu", "splash")
+KERNELS = ("auto", "reference", "xla_cpu", "tpu", "splash", "gpu")
 
 
 def resolve(name: str, platform: str | None = None) -> str:
-    """The kernel set `name` stands for on `platform` -> "reference", "xla_cpu", "tpu" or "splash".
+    """The kernel set `name` stands for on `platform` -> "reference", "xla_cpu", "tpu", "splash" or "gpu".
 
     Args:
       name: one of `KERNELS`.
@@ -44,7 +48,7 @@ def resolve(name: str, platform: str | None = None) -> str:
         import jax
 
         platform = jax.default_backend()
-    return {"cpu": "xla_cpu", "tpu": "tpu"}.get(platform, "reference")
+    return {"cpu": "xla_cpu", "tpu": "tpu", "gpu": "gpu", "cuda": "gpu"}.get(platform, "reference")
 
 
 import contextlib  # noqa: E402
@@ -57,7 +61,7 @@ class Kernels:
     """One kernel set: the operations `bert_jax.modeling` takes from here.
 
     Attributes:
-      name: "reference", "xla_cpu", "tpu" or "splash".
+      name: "reference", "xla_cpu", "tpu", "splash" or "gpu".
       gelu: x [...] any float dtype -> exact (erf) GELU x * Phi(x), computed in float32, x's dtype.
       dot_general: a `jax.lax.dot_general` stand-in for the feed-forward block's first `nn.Dense`
         (x [..., D] . kernel [D, I]); None for flax's own.
@@ -67,6 +71,9 @@ class Kernels:
         the "dropout" PRNG stream.
       attention: None (the model's own attention), or (query [B, N, L, H] scaled, key, value,
         segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids, no dropout.
+      attention_applies: None (`attention` takes every layer, and a training pass with attention dropout is
+        an error), or (compute dtype, head size H, length L, attention dropout active) -> whether
+        `attention` takes the layer; where not, the model's own attention (the reference path).
     """
 
     name: str
@@ -75,6 +82,7 @@ class Kernels:
     tied_logits: Callable
     dropout: Any
     attention: Callable | None = None
+    attention_applies: Callable[[Any, int, int, bool], bool] | None = None
 
 
 def get(name: str, platform: str | None = None) -> Kernels:
@@ -96,6 +104,10 @@ def get(name: str, platform: str | None = None) -> Kernels:
         from bert_jax.kernels import splash
 
         return splash.KERNELS
+    if resolved == "gpu":
+        from bert_jax.kernels import gpu
+
+        return gpu.KERNELS
     from bert_jax.kernels import reference
 
     return reference.KERNELS
