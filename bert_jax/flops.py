@@ -55,8 +55,9 @@ def train_flops_per_step(config: BertConfig, batch_size: int, seq_length: int, m
 
 
 # Peak dense bfloat16 FLOP/s of one JAX device, by `jax.Device.device_kind`, from Google Cloud's TPU
-# system-architecture pages. A v3 device is one TensorCore (half a 123 TFLOP/s chip); v4 and v5p devices
-# are whole chips (their two TensorCores run as one "megacore"); v5e and v6e chips have one core each.
+# system-architecture pages (a v3 device is one TensorCore, half a 123 TFLOP/s chip; v4 and v5p devices
+# are whole chips, their two TensorCores run as one "megacore"; v5e and v6e chips have one core each) and
+# NVIDIA's data sheets (dense, without sparsity: A100 312, H100 SXM and H200 989, H100 PCIe 756 TFLOP/s).
 PEAK_BF16_FLOPS_PER_DEVICE: dict[str, float] = {
     "TPU v3": 61.5e12,
     "TPU v4": 275e12,
@@ -64,10 +65,16 @@ PEAK_BF16_FLOPS_PER_DEVICE: dict[str, float] = {
     "TPU v5": 459e12,  # v5p
     "TPU v5p": 459e12,
     "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H200": 989e12,
 }
 
 
 def peak_flops_per_device(device_kind: str) -> float | None:
     """Peak bfloat16 FLOP/s of one device of `device_kind` (e.g. jax.devices()[0].device_kind), or None
-    for a kind without a published figure here (CPUs, GPUs: set the config's peak by hand)."""
+    for a kind without a published figure here (CPUs, other GPUs: set the config's peak by hand)."""
     return PEAK_BF16_FLOPS_PER_DEVICE.get(device_kind)
