@@ -183,6 +183,19 @@ def vocabulary(init: Initialisation, vocab_file: str, do_lower_case: bool | None
     return vocab, True if casing is None else casing
 
 
+def check_explicit_fields(config: ml_collections.ConfigDict, source: BertConfig, path: str) -> None:
+    """The architecture fields set by hand (`config.explicit_model_fields`, from the command line) must agree
+    with the init_checkpoint's architecture, which the job takes.
+
+    Raises:
+      ValueError: one line naming the first field that conflicts, both values and the checkpoint.
+    """
+    for field in config.get("explicit_model_fields", ()):
+        if field in ARCHITECTURE_FIELDS and config.model[field] != getattr(source, field):
+            raise ValueError(f"--config.model.{field}={config.model[field]} conflicts with config.init_checkpoint="
+                             f"{path!r}, whose {field} is {getattr(source, field)} (its architecture is the job's)")
+
+
 def architecture_changes(model: Mapping[str, Any], config: BertConfig) -> dict[str, tuple[Any, Any]]:
     """{field: (the job's value, the source's)} of the `ARCHITECTURE_FIELDS` that differ."""
     values = config.to_dict()
@@ -333,6 +346,7 @@ def pretraining_source(config: ml_collections.ConfigDict, workdir: str
             return config, None
         return _with_architecture(config, BertConfig.from_dict(storage.read_json(saved))), None
     init = resolve(path, config.model)
+    check_explicit_fields(config, init.config, path)
     return _with_architecture(config, init.config), init
 
 

@@ -591,13 +591,15 @@ def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
 def main(argv):
     from absl import app, flags, logging
 
+    from bert_jax import configs
+
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     f = flags.FLAGS
     try:
         distributed.initialize_from_flags()
-        metrics = train_and_evaluate(f.config, f.workdir, max_steps=f.max_steps)
+        metrics = train_and_evaluate(configs.mark_explicit_model_fields(f.config), f.workdir, max_steps=f.max_steps)
     except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
         raise SystemExit(f"train: {e}") from None
     if jax.process_index() == 0:

@@ -218,7 +218,7 @@ def test_sigkilled_continued_run_resumes_from_its_workdir_not_the_source(instanc
         np.testing.assert_array_equal(got[k], v, err_msg=k)
 
 
-@pytest.mark.parametrize("case", ["missing", "unknown", "vocabulary"])
+@pytest.mark.parametrize("case", ["missing", "unknown", "vocabulary", "model_flag"])
 def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_pretraining, tmp_path):
     _, path = hf_pretraining
     if case == "missing":
@@ -227,13 +227,16 @@ def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_
         source, message = tmp_path / "junk", "is neither a Hugging Face directory"
         source.mkdir()
         (source / "weights.bin").write_bytes(b"\0" * 64)
-    else:
+    elif case == "vocabulary":
         source, message = tmp_path / "other_vocab", "was tokenized with another vocabulary than"
         shutil.copytree(path, source)
         (source / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+    else:  # an architecture flag set by hand that the source contradicts (hidden_size 32)
+        source, message = path, "--config.model.hidden_size=64 conflicts with config.init_checkpoint="
     workdir = tmp_path / "run"
-    result = subprocess.run(_train_cmd(instances, workdir, source), env=_env(), capture_output=True, text=True,
-                            timeout=300)
+    extra = ["--config.model.hidden_size=64"] if case == "model_flag" else []
+    result = subprocess.run(_train_cmd(instances, workdir, source) + extra, env=_env(), capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train: ") and message in lines[0], result.stderr
@@ -243,6 +246,13 @@ def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_
 def test_finetuning_vocabulary_comes_from_the_source_and_conflicts_are_errors(hf_pretraining, tmp_path):
     _, path = hf_pretraining
     init = initialisation.resolve(str(path), pretrain.model_config("tiny"))
+    config = pretrain.get_config("tiny")  # a model field set on the command line must agree with the source
+    config.model.hidden_size, config.model.num_hidden_layers, config.explicit_model_fields = 32, 4, ["hidden_size"]
+    initialisation.check_explicit_fields(config, init.config, str(path))  # agrees; layers not set by hand
+    config.explicit_model_fields = ["hidden_size", "num_hidden_layers"]
+    with pytest.raises(ValueError, match=r"^--config.model.num_hidden_layers=4 conflicts with .* whose "
+                                         r"num_hidden_layers is 2"):
+        initialisation.check_explicit_fields(config, init.config, str(path))
     assert initialisation.vocabulary(init, "", None) == (str(path / "vocab.txt"), True)
     assert initialisation.vocabulary(init, str(path / "vocab.txt"), None)[0] == str(path / "vocab.txt")
     other = tmp_path / "vocab.txt"

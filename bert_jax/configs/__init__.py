@@ -32,6 +32,21 @@ def resolve(spec: str) -> str:
     return spec
 
 
+def mark_explicit_model_fields(config):
+    """`config` with `explicit_model_fields`: the names of the `--config.model.<field>=` overrides given on the
+    command line (after absl parsed `--config`), so that a job starting from an init_checkpoint can tell a
+    field set by hand (which must agree with the checkpoint's architecture) from the recipe's default."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    names = sorted(k.split(".", 1)[1] for k in config_flags.get_override_values(flags.FLAGS["config"])
+                   if k.startswith("model."))
+    if names:
+        with config.unlocked():
+            config.explicit_model_fields = names
+    return config
+
+
 def define_flag(help_string: str):
     """Defines `--config` (ml_collections' config-file flag, `--config.x.y=value` overrides) taking a recipe
     name (`resolve`) or a config file path -> the flag holder."""

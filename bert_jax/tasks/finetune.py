@@ -79,9 +79,12 @@ def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Init
 
     Raises:
       the errors of `initialisation.resolve` and `load_tokenizer`;
-      ValueError: config.max_seq_length over the encoder's max_position_embeddings.
+      ValueError: config.max_seq_length over the encoder's max_position_embeddings; an architecture field set
+        on the command line that conflicts with the init_checkpoint's (`check_explicit_fields`).
     """
     init = initialisation.resolve(config.init_checkpoint, config.model)
+    if init.kind != "random":
+        initialisation.check_explicit_fields(config, init.config, config.init_checkpoint)
     tokenizer = load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
@@ -630,7 +633,7 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
         logging.set_verbosity(logging.WARNING)
         try:
             distributed.initialize_from_flags()
-            metrics = run(flags.FLAGS.config, flags.FLAGS.workdir)
+            metrics = run(configs.mark_explicit_model_fields(flags.FLAGS.config), flags.FLAGS.workdir)
         except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
             raise SystemExit(f"{name}: {e}") from None
         if jax.process_index() == 0:
