@@ -9,13 +9,21 @@ leave a half-written file behind:
 
 A path counts as remote when it contains "://" (gs://, s3://, ...); reading one needs the backend epath
 uses for that scheme (gcsfs or TensorFlow's gfile for gs://).
+
+Output directories with many or large files (the data writers) are built in a local staging directory and
+published file by file (`staging_dir`, `publish`: renamed locally, uploaded to a URI), metadata.json last.
+Readers that open only local files and gs:// URIs (ArrayRecord's) read other URIs through `local_file`.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
-from typing import Any
+import shutil
+import tempfile
+from typing import Any, Sequence
 
 from etils import epath
 
@@ -100,3 +108,60 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 def write_json(path: str | os.PathLike, value: Any) -> None:
     """Writes `value` as indented JSON (UTF-8, non-ASCII kept) to `path` all at once."""
     write_text(path, json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# ----------------------------------------------------------------------------- outputs built locally, published
+
+
+def staging_dir(output_dir: str | os.PathLike) -> str:
+    """A new local directory to build an output directory's files in: inside `output_dir` (created) for a
+    local one, so that `publish` renames; a temporary local directory for a URI, so that `publish` uploads.
+    The caller removes it when done (`shutil.rmtree`)."""
+    if is_remote(output_dir):
+        return tempfile.mkdtemp(prefix="bert_jax-staging-")
+    os.makedirs(output_dir, exist_ok=True)
+    work = os.path.join(output_dir, f".work-{os.getpid()}")
+    os.makedirs(work, exist_ok=True)
+    return work
+
+
+def publish(work: str, output_dir: str | os.PathLike, names: Sequence[str]) -> None:
+    """Moves the files `names` of the staging directory `work` into `output_dir`, one at a time and each
+    whole: renamed locally (atomic), uploaded to a URI (an object appears only once its upload completes).
+    Write metadata.json after this, so that an interrupted publish never looks finished."""
+    if not is_remote(output_dir):
+        for name in names:
+            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        return
+    for name in names:
+        upload(os.path.join(work, name), join(output_dir, name))
+
+
+def upload(local: str, path: str | os.PathLike) -> None:
+    """Copies the local file `local` to `path` (a URI), streamed in 16 MiB blocks."""
+    with open(local, "rb") as src, epath.Path(path).open("wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
+
+
+_LOCAL_COPIES: dict[str, str] = {}
+
+
+def local_file(path: str | os.PathLike) -> str:
+    """A local path to read `path` with a reader that opens local files (and gs:// URIs) only, as ArrayRecord's:
+    `path` itself when local or gs://; otherwise (s3://, az://, ...) a copy downloaded once per process into
+    a temporary directory removed at exit."""
+    path = os.fspath(path)
+    if not is_remote(path) or path.startswith("gs://"):
+        return path
+    if path not in _LOCAL_COPIES:
+        if not _LOCAL_COPIES:
+            directory = tempfile.mkdtemp(prefix="bert_jax-remote-")
+            atexit.register(shutil.rmtree, directory, True)
+            _LOCAL_COPIES[""] = directory
+        local = os.path.join(_LOCAL_COPIES[""], hashlib.sha256(path.encode()).hexdigest()[:16] + "-" +
+                             os.path.basename(path))
+        with epath.Path(path).open("rb") as src, open(local + ".tmp", "wb") as dst:
+            shutil.copyfileobj(src, dst, 16 << 20)
+        os.replace(local + ".tmp", local)
+        _LOCAL_COPIES[path] = local
+    return _LOCAL_COPIES[path]

@@ -83,7 +83,7 @@ def main(argv):
             read_stats=stats, progress=True,
             extra_metadata={"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name,
                             "do_lower_case": FLAGS.do_lower_case, "input_format": FLAGS.input_format})
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: a missing input, an upload that failed
         raise SystemExit(f"create_pretraining_data: {e}") from None
     print(f"wrote {metadata['num_instances']} instances in {len(metadata['shards'])} shard(s) to "
           f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")

@@ -154,8 +154,9 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
     Args:
       documents: iterable of documents, each a list of sentence strings (`bert_jax.data.corpus` readers).
       tokenizer: a `bert_jax.data.tokenization.Tokenizer`; its vocabulary file is copied into output_dir.
-      output_dir: a local directory, created if missing; files are written under a temporary directory
-        inside it and renamed, metadata.json last.
+      output_dir: a local directory (created if missing; files are written under a temporary directory
+        inside it and renamed) or a URI (gs://...; files are written locally and uploaded one by one),
+        metadata.json last (`storage.staging_dir`, `storage.publish`).
       num_shards: output shards (documents go round-robin).
       num_workers: tokenizing processes (the output does not depend on it).
       read_stats: the reader's `corpus.ReadStats` (its invalid-UTF-8 count goes into the metadata).
@@ -170,9 +171,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
         if value < 1:
             raise ValueError(f"--{name}={value} must be at least 1")
     start = time.time()
-    os.makedirs(output_dir, exist_ok=True)
-    work = os.path.join(output_dir, f".work-{os.getpid()}")
-    os.makedirs(work, exist_ok=True)
+    work = storage.staging_dir(output_dir)
     names = shard_names(num_shards)
     writers = []
     try:
@@ -198,8 +197,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
             raise ValueError("the input holds no document with a non-empty sentence")
         np.save(os.path.join(work, COUNTS_NAME), counts)
         shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
-        for name in [*names, COUNTS_NAME, "vocab.txt"]:
-            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        storage.publish(work, output_dir, [*names, COUNTS_NAME, "vocab.txt"])
         metadata = {
             "kind": KIND,
             "format_version": FORMAT_VERSION,
@@ -216,7 +214,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
             **(extra_metadata or {}),
             "seconds": round(time.time() - start, 3),
         }
-        storage.write_json(os.path.join(output_dir, METADATA_NAME), metadata)
+        storage.write_json(storage.join(output_dir, METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -306,4 +304,4 @@ class Documents:
 
     def token_counts(self) -> np.ndarray:
         """int64 [vocab_size]: occurrences of each token id over all documents (token_counts.npy)."""
-        return np.load(storage.join(self.path, COUNTS_NAME))
+        return np.load(storage.local_file(storage.join(self.path, COUNTS_NAME)))

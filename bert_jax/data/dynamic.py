@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import zlib
 
 import grain
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data import document_shards, packing, pipeline, pretraining, tokenization
 
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
@@ -54,7 +54,7 @@ class _DrawInstances(grain.transforms.Map):
         may race, so the vocabulary, which marks it done, goes last)."""
         if self._vocab is None:
             self._store = document_shards.Documents(self._path)
-            tokenizer = tokenization.Tokenizer(os.path.join(self._path, "vocab.txt"), do_lower_case=self._lower)
+            tokenizer = tokenization.Tokenizer(storage.join(self._path, "vocab.txt"), do_lower_case=self._lower)
             self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
 
     def map(self, element):

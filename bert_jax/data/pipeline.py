@@ -247,7 +247,7 @@ def open_shard(shard: str) -> "grain.sources.ArrayRecordDataSource":
     if not storage.is_file(shard):
         raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
     try:
-        return grain.sources.ArrayRecordDataSource([shard])
+        return grain.sources.ArrayRecordDataSource([storage.local_file(shard)])
     except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
         raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
 
@@ -265,7 +265,7 @@ def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSour
         if not storage.is_file(shard):
             raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
     try:
-        source = grain.sources.ArrayRecordDataSource(shards)
+        source = grain.sources.ArrayRecordDataSource([storage.local_file(s) for s in shards])
     except Exception:  # array_record raises a bare RuntimeError: find the shard and name it
         for shard in shards:
             open_shard(shard)

@@ -434,7 +434,8 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
     Args:
       documents: iterable of documents, each a list of sentence strings (see `bert_jax.data.corpus`).
       tokenizer: a `bert_jax.data.tokenization.Tokenizer`.
-      output_dir: created if missing; shards are written under temporary names and renamed; metadata.json
+      output_dir: a local directory (created if missing) or a URI (gs://...): the shards are built in a local
+        staging directory and renamed or uploaded one by one (`storage.publish`); metadata.json
         is written last and marks a complete output.
       options: instance shape and masking flags.
       dupe_factor: passes over the corpus, each with different masks (original default 10).
@@ -457,9 +458,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
             raise ValueError(f"--{name}={value} must be at least 1")
     read_stats = read_stats or corpus.ReadStats()
     start = time.time()
-    os.makedirs(output_dir, exist_ok=True)
-    work_dir = os.path.join(output_dir, f".work-{os.getpid()}")
-    os.makedirs(work_dir, exist_ok=True)
+    work_dir = storage.staging_dir(output_dir)
     try:
         store, dropped = build_token_store(documents, tokenizer, work_dir)
         vocab = VocabInfo.from_tokenizer(tokenizer)
@@ -496,7 +495,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
         # Pass 2: each bucket read in a random order (positional reads, so neither memory nor RSS grows
         # with the bucket) into its final ArrayRecord shard.
         rng = np.random.default_rng([random_seed, 1 << 31])
-        for bucket, final, count in zip(buckets, shard_paths(output_dir, num_shards), counts.tolist()):
+        for bucket, final, count in zip(buckets, shard_paths(work_dir, num_shards), counts.tolist()):
             lengths = np.fromfile(bucket + ".len", np.int32)  # 12 bytes per record with the offsets
             offsets = np.cumsum(lengths, dtype=np.int64) - lengths
             permutation = rng.permutation(count)
@@ -512,10 +511,13 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                 os.close(fd)
                 writer.close()
             os.replace(tmp, final)
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, "vocab.txt"))
+        shard_names = [os.path.basename(p) for p in shard_paths(work_dir, num_shards)]
+        storage.publish(work_dir, output_dir, [*shard_names, "vocab.txt"])
         metadata = {
             "format_version": FORMAT_VERSION,
             "num_instances": int(counts.sum()),
-            "shards": [os.path.basename(p) for p in shard_paths(output_dir, num_shards)],
+            "shards": shard_names,
             "shard_counts": counts.tolist(),
             "num_documents": store.num_documents,
             "num_sentences": int(len(store.sentence_starts) - 1),
@@ -529,9 +531,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                       **(extra_metadata or {})},
             "seconds": round(time.time() - start, 3),
         }
-        shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, "vocab.txt"))
-        os.replace(os.path.join(work_dir, "vocab.txt"), os.path.join(output_dir, "vocab.txt"))
-        storage.write_json(os.path.join(output_dir, METADATA_NAME), metadata)
+        storage.write_json(storage.join(output_dir, METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -553,7 +553,7 @@ def iterate_instances(path: str) -> Iterator[dict[str, np.ndarray]]:
     metadata = read_metadata(path)
     flags = metadata["flags"]
     for shard in metadata["shards"]:
-        reader = ArrayRecordReader(os.path.join(path, shard))
+        reader = ArrayRecordReader(storage.local_file(storage.join(path, shard)))
         try:
             for s in range(0, reader.num_records(), 4096):
                 for record in reader.read(list(range(s, min(s + 4096, reader.num_records())))):
