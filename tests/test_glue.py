@@ -13,6 +13,7 @@ import pytest
 
 from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import glue
+from bert_jax.tasks import finetune
 from bert_jax.tasks import glue as glue_task
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
@@ -494,7 +495,7 @@ def test_to_hf_regression_head_matches_transformers(tmp_path):
 def test_configs_for_every_task():
     for task, spec in glue.TASKS.items():
         config = glue_config.get_config(task)
-        assert config.task == task and config.data_dir == f"../shared/data/glue/{spec.folder}"
+        assert config.task == task and config.data_dir == ""  # no default folder: the user names it
         assert (config.train_batch_size, config.num_train_epochs, config.max_seq_length) == (32, 3.0, 128)
         assert config.learning_rate in glue_config.LEARNING_RATES and config.do_predict is False
     assert glue_config.LEARNING_RATES == (5e-5, 4e-5, 3e-5, 2e-5)
@@ -504,6 +505,8 @@ def test_configs_for_every_task():
     assert glue_config.get_config("").task == "mrpc"
     with pytest.raises(ValueError, match=r"config arg 'ax' is not one of \['cola', "):
         glue_config.get_config("ax")
+    with pytest.raises(ValueError, match=r"^config.data_dir is empty: name the folder that holds train.tsv$"):
+        finetune.data_file(glue_config.get_config("rte"), "train.tsv")
 
 
 # ----------------------------------------------------------------------------- the job end to end
