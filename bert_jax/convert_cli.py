@@ -79,11 +79,8 @@ def to_hf(checkpoint: str, output_dir: str) -> str:
 
     def write(tmp: str) -> None:
         convert.to_hf(init.config, params, tmp, labels=labels)
-        if init.vocab_file:
-            shutil.copyfile(init.vocab_file, os.path.join(tmp, initialisation.VOCAB_NAME))
-            storage.write_json(os.path.join(tmp, initialisation.TOKENIZER_CONFIG_NAME),
-                               {"tokenizer_class": "BertTokenizer", "model_max_length": init.config.max_position_embeddings,
-                                "do_lower_case": True if init.do_lower_case is None else init.do_lower_case})
+        initialisation.write_run_files(tmp, init.config, init.vocab_file,
+                                       True if init.do_lower_case is None else init.do_lower_case, bert_config=False)
 
     _write_directory(output_dir, write)
     return storage.read_json(os.path.join(output_dir, convert.CONFIG_NAME))["architectures"][0]

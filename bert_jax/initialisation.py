@@ -299,19 +299,22 @@ def summarize_paths(paths: list[str]) -> str:
     return ", ".join(names)
 
 
-def write_run_files(workdir: str, config: BertConfig, vocab_file: str | None, do_lower_case: bool) -> None:
-    """`bert_config.json`, `vocab.txt` (a copy of `vocab_file`, when given) and `tokenizer_config.json`
-    in `workdir`, each written whole (temporary name, then rename); files already there are kept."""
+def write_run_files(workdir: str, config: BertConfig, vocab_file: str | None, do_lower_case: bool, *,
+                    bert_config: bool = True) -> None:
+    """`bert_config.json` (unless `bert_config` is False: a Hugging Face export has its config.json),
+    `vocab.txt` (a copy of `vocab_file`, when given) and `tokenizer_config.json` (casing, sha256, the
+    positions as model_max_length) in `workdir`, each written whole (temporary name, then rename); files
+    already there are kept."""
     files = {convert.TF_CONFIG_NAME: lambda: storage.write_json(
         storage.join(workdir, convert.TF_CONFIG_NAME), {k: v for k, v in config.to_dict().items()
-                                                          if k in BERT_CONFIG_FIELDS})}
+                                                          if k in BERT_CONFIG_FIELDS})} if bert_config else {}
     if vocab_file:
         files[VOCAB_NAME] = lambda: storage.write_bytes(storage.join(workdir, VOCAB_NAME),
                                                         storage.read_bytes(vocab_file))
         files[TOKENIZER_CONFIG_NAME] = lambda: storage.write_json(
             storage.join(workdir, TOKENIZER_CONFIG_NAME),
             {"do_lower_case": bool(do_lower_case), "vocab_sha256": file_sha256(vocab_file),
-             "tokenizer_class": "BertTokenizer"})
+             "tokenizer_class": "BertTokenizer", "model_max_length": config.max_position_embeddings})
     storage.makedirs(workdir)
     for name, write in files.items():
         if not storage.is_file(storage.join(workdir, name)):
