@@ -38,6 +38,7 @@ import optax
 
 from bert_jax import (checkpointing, distributed, engine, flops, initialisation, losses, modeling, sharding,
                       storage, summaries)
+from bert_jax.data import stream as data_stream
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -359,20 +360,40 @@ class _Preemption:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
 
 
-def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None):
+def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None,
+             order: data_stream.Stream | None = None):
     """The checkpointable iterator of `phase`'s batches (this process's rows of global batch_size; seed
     config.seed + 1000 * phase index; config.data_workers grain worker processes), positioned at `state`
-    (its `get_state()`) when given."""
+    (its `get_state()`) when given; `order`: a packed or dynamic input's global order (`_packed_resume`)."""
     from bert_jax.data import pipeline
 
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
         max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
         packing=phase.packing, max_instances=phase.max_instances or None, fill_rows=phase.fill_rows,
-        worker_count=config.get("data_workers", 0))
+        worker_count=config.get("data_workers", 0), stream=order)
     if state is not None:
         it.set_state(state)
     return it
+
+
+def _packed_resume(states: list[dict], phase: Phase, is_main: bool) -> tuple[dict | None, data_stream.Stream]:
+    """A packed or dynamic input's checkpointed states (one per process that wrote them) -> (this process's
+    state to restore, or None, and the global order to read). On the same process count: its own state,
+    bit-identical. On another: no state, and the units none of the old processes finished
+    (`stream.Stream.after`), re-split over this run's processes, with one line saying so."""
+    if len(states) == jax.process_count():
+        state = states[jax.process_index()]
+        return state, data_stream.Stream.from_state(state)
+    order = data_stream.Stream.from_state(states[0]).after([s["grain"] for s in states])
+    if is_main:
+        unit = "documents" if states[0].get("dynamic") else "instances"
+        epoch, left = order.remaining_in_epoch(int(states[0]["num_instances"]))
+        print(f"train: phase {phase.index}'s input ran on {len(states)} processes, this run has "
+              f"{jax.process_count()}: it continues in epoch {epoch} with {left} of {states[0]['num_instances']} "
+              f"{unit} left, re-split over the processes (the old processes' open shuffle and packing windows are "
+              f"drawn again; not bit-identical to an uninterrupted run)", file=sys.stderr, flush=True)
+    return None, order
 
 
 def _phase_at(phases: list[Phase], step: int) -> Phase:
@@ -456,13 +477,10 @@ class _Run:
         self.final_step = min(config.total_steps, max_steps or config.total_steps)
         self.phase = _phase_at(phases, self.step)
         resume = data_state["iterator"] if data_state and data_state["phase"] == self.phase.index else None
+        order = None
         if isinstance(resume, dict) and "per_process" in resume:  # packed / dynamic: each process's own state
-            states = resume["per_process"]
-            if len(states) != jax.process_count():
-                raise ValueError(f"the checkpoint's input pipeline ran on {len(states)} processes, this run has "
-                                 f"{jax.process_count()}: packed or dynamic data resume on the same process count")
-            resume = states[jax.process_index()]
-        self.iterator = iterator(self.phase, config, resume)
+            resume, order = _packed_resume(resume["per_process"], self.phase, self.is_main)
+        self.iterator = iterator(self.phase, config, resume, order)
         self.writer = summaries.open_writer(workdir, self.is_main)
         self.progress = summaries.progress_bar(self.step, self.final_step, self.is_main, "pre-training")
         self.config_json = json.loads(config.to_json())

@@ -24,15 +24,17 @@ def _args(instances, workdir, max_steps, extra=()):
             f"--max_steps={max_steps}", *extra]
 
 
-def _single(instances, workdir, max_steps):
+def _single(instances, workdir, max_steps, extra=(), log=None):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, *_args(instances, workdir, max_steps)], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, *_args(instances, workdir, max_steps, extra)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    if log is not None:
+        log.append(result.stderr)
     return result.stdout.strip().splitlines()[-1]
 
 
-def _two_processes(instances, workdir, max_steps, extra=()):
+def _two_processes(instances, workdir, max_steps, extra=(), log=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -45,6 +47,8 @@ def _two_processes(instances, workdir, max_steps, extra=()):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
+    if log is not None:
+        log.append(outs[0][1])
     return outs[0][0].strip().splitlines()[-1]  # process 0 prints the metrics
 
 
@@ -124,3 +128,27 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
     whole, resumed = params("whole"), params("resumed")
     for k in whole:
         np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
+
+
+@pytest.mark.slow
+def test_packed_dynamic_input_resumes_on_another_process_count(instances, documents, tmp_path):
+    """Packed rows of dynamic instances: a two-process checkpoint at step 5 continues in one process, and a
+    one-process checkpoint on two, each saying in one line that the input is re-split (the documents drawn
+    across such a restart: tests/test_stream.py); the run then checkpoints the new order and finishes."""
+    import json
+
+    extra = (f"--config.phases[0].data_dir={documents}", "--config.phases[0].packing=True",
+             "--config.phases[1].packing=True", "--config.total_steps=8", "--config.checkpoint_every=4")
+    log = []
+    _two_processes(instances, tmp_path / "two", 4, extra)
+    final = json.loads(_single(instances, tmp_path / "two", 8, extra, log))
+    _single(instances, tmp_path / "one", 4, extra)
+    final_two = json.loads(_two_processes(instances, tmp_path / "one", 6, extra, log))
+    for text, (old, new) in zip(log, ((2, 1), (1, 2))):
+        notices = [line for line in text.splitlines() if "re-split" in line]
+        assert len(notices) == 1, text[-2000:]
+        assert notices[0].startswith(f"train: phase 0's input ran on {old} processes, this run has {new}: "
+                                     f"it continues in epoch "), notices[0]
+        assert "not bit-identical" in notices[0]
+    assert final["step"] == 8 and final_two["step"] == 6
+    assert np.isfinite(final["loss"]) and np.isfinite(final_two["loss"])

@@ -11,6 +11,7 @@ the random other documents its NotNext segments come from.
 
 The instance stream (`instance_stream`, grain):
   MapDataset.range(D) documents -> shuffle (a new permutation per epoch) -> repeat(num_epochs)
+  -> the run's global order (`stream.Stream`: all of it, or what a run on another process count left)
   -> (epoch, document) pairs -> [process_index::process_count]
   -> map: the document's instances, drawn with np.random.default_rng([seed, epoch, document])
   -> to_iter_dataset -> mp_prefetch(worker_count) if worker_count > 0 -> flatten
@@ -31,7 +32,7 @@ import grain
 import numpy as np
 
 from bert_jax import storage
-from bert_jax.data import document_shards, packing, pipeline, pretraining, tokenization
+from bert_jax.data import document_shards, packing, pipeline, pretraining, stream, tokenization
 
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
 DEFAULT_SHUFFLE_WINDOW = 16384
@@ -133,19 +134,21 @@ class _Flatten(grain.experimental.FlatMapTransform):
         return element
 
 
-def _epoch_and_document(num_documents: int, index: int, document: int) -> tuple[int, int]:
+def _epoch_and_document(num_documents: int, indexed: tuple[int, int]) -> tuple[int, int]:
+    index, document = indexed
     return index // num_documents, document
 
 
 def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOptions, *, seed: int, shuffle: bool,
                     num_epochs: int | None, process_index: int, process_count: int,
                     read_options: grain.ReadOptions, shuffle_window: int | None = None,
-                    worker_count: int = 0) -> grain.IterDataset:
+                    worker_count: int = 0, order: stream.Stream = stream.Stream()) -> grain.IterDataset:
     """This process's stream of encoded instances drawn from the tokenized documents at `path`
     (module docstring); decode each with `pretraining.decode_instance(record, L, P)`. shuffle_window:
     instances shuffled together (default DEFAULT_SHUFFLE_WINDOW). worker_count: grain worker processes
     drawing (`IterDataset.mp_prefetch`; 0: this process): each draws a slice of the documents and they
-    are read round-robin, so the stream is the same for every worker_count.
+    are read round-robin, so the stream is the same for every worker_count. order: the global indices of
+    (epoch, document) pairs to read (`stream.Stream`; default all, from the first).
 
     Raises:
       ValueError: options that `InstanceOptions.validate` rejects, or fewer than 2 documents (random
@@ -158,7 +161,7 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
     docs = grain.MapDataset.range(num_documents)
     if shuffle:
         docs = docs.shuffle(seed=int(np.random.SeedSequence([seed, 1]).generate_state(1, np.uint32)[0]))
-    docs = docs.repeat(num_epochs).map_with_index(functools.partial(_epoch_and_document, num_documents))
+    docs = order.units(docs.repeat(num_epochs), with_index=True).map(functools.partial(_epoch_and_document, num_documents))
     docs = docs[process_index::process_count]
     drawn = docs.map(_DrawInstances(path, options, seed, bool(metadata.get("do_lower_case", True))))
     drawn = pipeline.in_workers(drawn.to_iter_dataset(read_options), worker_count)

@@ -48,8 +48,11 @@ grain's best-fit packer, and batched; the batch gains segment_ids, position_ids,
 and next_sentence_weights and next_sentence_labels becomes [B, K] (layout in `packing`). The state is
 grain's iterator state (the position where the current packing window started, and the rows already
 emitted from it): a resumed iterator gives the same rows. The state is this process's own (it holds
-process_index): training checkpoints every process's state (`train`), and resumes on the same
-process_count. With worker_count > 0 the instances are decoded (or, from documents, drawn) in grain
+process_index): training checkpoints every process's state (`train`). On the same process_count a
+resume is exact. On another, `stream.Stream.after` turns the old processes' states into the global order
+of the units (instances, or (epoch, document) pairs) none of them finished, which the new processes
+split between them (`stream=`): no unit is dropped, those of each old process's open shuffle and packing
+windows are read again, and the rows differ from an uninterrupted run's. With worker_count > 0 the instances are decoded (or, from documents, drawn) in grain
 worker processes, one output per record (per document), read round-robin: the rows are the same for
 every worker_count, but grain's state is not, so a run resumes with the worker_count it saved with.
 
@@ -74,7 +77,7 @@ import numpy as np
 from absl import flags as absl_flags
 
 from bert_jax import storage
-from bert_jax.data import pretraining
+from bert_jax.data import pretraining, stream as stream_lib
 
 # Reading threads and the read-ahead buffer, in batches (grain's defaults, 16 and 500, would buffer
 # 500 batches).
@@ -215,6 +218,10 @@ class PackedPretrainingIterator(grain.DatasetIterator):
             raise ValueError(f"iterator state was saved with worker_count={state.get('worker_count', 0)}, this "
                              f"iterator has worker_count={self._settings['worker_count']}: resume with the same "
                              f"number of grain workers")
+        saved_stream = stream_lib.Stream.from_state(state).to_state()
+        if saved_stream != self._settings[stream_lib.STATE_KEY]:
+            raise ValueError(f"iterator state was read from the stream {saved_stream}, this iterator from "
+                             f"{self._settings[stream_lib.STATE_KEY]}: make it with stream= from the state")
         if not isinstance(state.get("grain"), dict):
             raise ValueError("iterator state has no grain state (not a packed iterator's state)")
         self._it.close()
@@ -281,8 +288,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                               process_count: int | None = None, max_seq_length: int | None = None,
                               max_predictions_per_seq: int | None = None,
                               worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
-                              num_packing_bins: int | None = None,
-                              fill_rows: bool = True) -> PretrainingIterator | PackedPretrainingIterator:
+                              num_packing_bins: int | None = None, fill_rows: bool = True,
+                              stream: stream_lib.Stream | None = None) -> PretrainingIterator | PackedPretrainingIterator:
     """This process's batches of a create_pretraining_data output directory (static instances), or of
     tokenized documents (`bert_jax.data.dynamic`: instances drawn while reading).
 
@@ -305,6 +312,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       num_packing_bins: rows the packer fills at once (its window); default packing.DEFAULT_PACKING_BINS.
       fill_rows: packed rows of tokenized documents get their free room filled with instances drawn to fit
         (`dynamic.FillRows`); no effect on static instances or unpacked rows.
+      stream: packed or dynamic input only: the global order of units to read (`stream.Stream`; default
+        all of them from the first), e.g. what a run on another process count left
+        (`stream.Stream.after`).
 
     Returns:
       A PretrainingIterator (static instances, unpacked) or a PackedPretrainingIterator (packed, or drawn
@@ -351,6 +361,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
+    if stream is not None and not (packing or documents):
+        raise ValueError("stream= applies to packed or dynamic input (static batches resume on any process count)")
+    stream = stream or stream_lib.Stream()
     if (packing or documents) and process_count > 1 and num_epochs is not None:
         raise ValueError(f"packing or tokenized documents on {process_count} processes need num_epochs=None "
                          f"(processes would make different numbers of rows from a finite stream)")
@@ -361,7 +374,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions)
         records = dynamic.instance_stream(path, metadata, options, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                                           process_index=process_index, process_count=process_count,
-                                          read_options=_READ_OPTIONS, worker_count=worker_count)
+                                          read_options=_READ_OPTIONS, worker_count=worker_count, order=stream)
     else:
         source = open_shards(path, metadata)
         num_instances = len(source)
@@ -380,7 +393,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
             if documents:
                 instances = records.map(decode_unpadded)
             else:  # decoded in the workers: one output per record, so the same stream for any worker_count
-                instances = in_workers(ds[process_index::process_count].map(decode_unpadded)
+                instances = in_workers(stream.units(ds)[process_index::process_count].map(decode_unpadded)
                                        .to_iter_dataset(_READ_OPTIONS), worker_count)
             rows = packing_lib.pack(
                 instances,
@@ -400,7 +413,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                     "num_packing_bins": num_packing_bins if packing else 0, "process_count": process_count,
                     "process_index": process_index,
                     "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions,
-                    "worker_count": worker_count, "fill_rows": bool(packing and fill_rows)}
+                    "worker_count": worker_count, "fill_rows": bool(packing and fill_rows),
+                    stream_lib.STATE_KEY: stream.to_state()}
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,
