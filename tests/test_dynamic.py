@@ -87,6 +87,8 @@ def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_di
         formats.check(str(one), meta)
     with pytest.raises(ValueError, match="format_version 1"):
         formats.check(str(one), dict(meta, format_version=1))
+    with pytest.raises(ValueError, match="holds tokenized documents, not static instances"):
+        formats.open_shards(str(one), meta)
     with pytest.raises(ValueError, match="is malformed"):
         document_shards.decode_document(np.array([3, 1, 1], "<i4").tobytes())
 
