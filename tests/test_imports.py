@@ -191,7 +191,8 @@ def test_graph_reader_sees_every_kind_of_import(tmp_path):
     assert components == [("bert_jax.a", "bert_jax.b", "bert_jax.sub.c", "bert_jax.sub.d")]
     assert _describe(components[0], edges) == (
         "{bert_jax.a, bert_jax.b, bert_jax.sub.c, bert_jax.sub.d}, e.g. bert_jax.a -> bert_jax.b (bert_jax/a.py:2) "
-        "-> bert_jax.sub.c (bert_jax/b.py:2) -> bert_jax.sub.d (bert_jax/sub/c.py:1) -> bert_jax.a (bert_jax/sub/d.py:1)")
+        "-> bert_jax.sub.c (bert_jax/b.py:2) -> bert_jax.sub.d (bert_jax/sub/c.py:1) "
+        "-> bert_jax.a (bert_jax/sub/d.py:1)")
     assert _components(edges | {"bert_jax.sub.d": {}}) == []
 
 
