@@ -37,7 +37,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bert_jax import engine, experiment, sharding, train  # noqa: E402
-from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization  # noqa: E402
+from bert_jax.data import corpus, document_shards, dynamic, formats, packing, pipeline, pretraining, tokenization  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -49,7 +49,7 @@ PHASES = ((128, 20, 32), (512, 80, 8))  # length, predictions, batch rows of the
 
 def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -> str:
     out = workdir / f"{name}-{length}"
-    if not (out / pretraining.METADATA_NAME).is_file():
+    if not (out / formats.METADATA_NAME).is_file():
         _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
         pretraining.create_pretraining_data(
@@ -61,7 +61,7 @@ def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -
 
 def documents(workdir: pathlib.Path, name: str) -> str:
     out = workdir / f"{name}-documents"
-    if not (out / pretraining.METADATA_NAME).is_file():
+    if not (out / formats.METADATA_NAME).is_file():
         _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
         document_shards.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))

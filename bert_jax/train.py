@@ -100,7 +100,7 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
     """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
-    from bert_jax.data import document_shards
+    from bert_jax.data import formats
 
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
@@ -127,7 +127,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                         p.max_predictions_per_seq)
     if need_data and config.eval_data_dir:
         meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
-        if document_shards.is_documents(meta):
+        if formats.is_documents(meta):
             raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds tokenized documents; evaluation "
                              "needs fixed instances (create_pretraining_data without --tokenize_only)")
         length = meta["flags"]["max_seq_length"]
@@ -147,7 +147,7 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     length and predictions (when given) and its vocabulary size, and its shards present and complete (so
     that phase 2's or the eval's data fail at the start, not at their first use). One-line
     FileNotFoundError / ValueError."""
-    from bert_jax.data import document_shards, pipeline
+    from bert_jax.data import formats
 
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
@@ -157,15 +157,15 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     if meta.get("vocab_size", 0) > config.model.vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
                          f"config.model.vocab_size={config.model.vocab_size}")
-    if document_shards.is_documents(meta):  # tokenized documents: instances are drawn at any length
-        document_shards.check(data_dir, meta)
+    if formats.is_documents(meta):  # tokenized documents: instances are drawn at any length
+        formats.check(data_dir, meta)
         return meta
     flags = meta["flags"]
     if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (
             max_seq_length, max_predictions_per_seq):
         raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
                          f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
-    pipeline.open_shards(data_dir, meta)
+    formats.check(data_dir, meta)
     return meta
 
 

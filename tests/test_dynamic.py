@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, tokenization
+from bert_jax.data import corpus, document_shards, dynamic, formats, packing, pipeline, pretraining, tokenization
 from conftest import ROOT
 
 
@@ -76,17 +76,19 @@ def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_di
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"documents-00000-of-00001.array_record: not a readable ArrayRecord file"):
-        document_shards.check(str(one), meta)
+        formats.check(str(one), meta)
     with pytest.raises(ValueError, match=r"documents-00000-of-00001.array_record: not a readable ArrayRecord file"):
         _iterator(one, packing=True)
     shard.write_bytes(data)
     with pytest.raises(ValueError, match=r"holds \d+ documents, metadata.json records 1000"):
-        document_shards.check(str(one), dict(meta, shard_documents=[1000]))
+        formats.check(str(one), dict(meta, shard_documents=[1000]))
     shard.unlink()
     with pytest.raises(FileNotFoundError, match="shard listed in metadata.json is missing"):
-        document_shards.check(str(one), meta)
+        formats.check(str(one), meta)
     with pytest.raises(ValueError, match="format_version 1"):
-        document_shards.check(str(one), dict(meta, format_version=1))
+        formats.check(str(one), dict(meta, format_version=1))
+    with pytest.raises(ValueError, match="holds tokenized documents, not static instances"):
+        formats.open_shards(str(one), meta)
     with pytest.raises(ValueError, match="is malformed"):
         document_shards.decode_document(np.array([3, 1, 1], "<i4").tobytes())
 

@@ -144,7 +144,7 @@ def test_state_is_checked_against_the_settings(instances):
 
 
 def test_bad_arguments_and_paths(instances, tmp_path):
-    path, _ = instances
+    path, meta = instances
     cases = [
         (ValueError, "global_batch_size", dict(global_batch_size=5, process_index=0, process_count=2)),
         (ValueError, "max_seq_length", dict(global_batch_size=4, max_seq_length=128)),
@@ -160,6 +160,10 @@ def test_bad_arguments_and_paths(instances, tmp_path):
         with pytest.raises(FileNotFoundError, match=str(missing)) as info:
             make_pretraining_iterator(str(missing), global_batch_size=4)
         assert "\n" not in str(info.value)
+    (tmp_path / "future").mkdir()
+    (tmp_path / "future" / "metadata.json").write_text(json.dumps(dict(meta, format_version=7)))
+    with pytest.raises(ValueError, match="future: format_version 7, expected 1$"):
+        make_pretraining_iterator(str(tmp_path / "future"), global_batch_size=4)
 
 
 def test_orbax_checkpoint_of_iterator_state(instances, tmp_path):

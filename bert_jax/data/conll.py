@@ -117,7 +117,7 @@ def read_conll_tfds(split: str, data_dir: str | None = None, download: bool = Fa
       tfds errors (e.g. DatasetNotFoundError / AssertionError): the dataset is not prepared under
         data_dir and download is False, or an unknown split.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
     import tensorflow_datasets.text.conll2003  # noqa: F401  registers conll2003 (tfds does not without TensorFlow)
 
     ds = tfds.data_source(TFDS_NAME, split=split, data_dir=data_dir, download=download)

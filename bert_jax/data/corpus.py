@@ -18,6 +18,8 @@ import os
 import re
 from typing import Iterable, Iterator, Sequence
 
+from bert_jax.data import glue
+
 # A sentence ends at . ! ? (and any closing quotes or brackets after it), before whitespace and a
 # capital, digit or opening quote.
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(\s+)(?=[\"'(\[]?[A-Z0-9])")
@@ -110,7 +112,7 @@ def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | No
                         stats: ReadStats) -> Iterator[list[str]]:
     """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
     paragraphs split into sentences. Uses `tfds.data_source` (random access, no TensorFlow)."""
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
 
     source = tfds.data_source(name, split=split, data_dir=data_dir)
     for i in range(len(source)):
@@ -177,8 +179,6 @@ def read_glue_documents(files: Sequence[str], task: str, stats: ReadStats,
     Raises:
       ValueError / FileNotFoundError: as `bert_jax.data.glue.read_glue_tsv` (names file and line).
     """
-    from bert_jax.data import glue
-
     for path in files:
         examples = glue.read_glue_tsv(task, path)
         stats.lines += len(examples)

@@ -4,7 +4,7 @@ A corpus is tokenized once (`tokenize_documents`; `python -m bert_jax.data.creat
 --tokenize_only`) and pre-training instances are drawn from it while training (`bert_jax.data.dynamic`),
 as NVIDIA's LDDL and paxml do.
 
-Directory layout:
+Directory layout (`formats`: the names, kind and format version, and the check that a directory is complete):
   documents-{i:05d}-of-{n:05d}.array_record  the documents, one record each
   token_counts.npy  int64 [vocab_size]: occurrences of each token id (the MLM bias's unigram prior)
   vocab.txt         the vocabulary the ids index
@@ -33,13 +33,11 @@ import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax import storage
+from bert_jax.data import formats
 
-KIND = "documents"
-FORMAT_VERSION = 2  # 1 was a single memory-mapped token store (tokens.npy and offsets)
-METADATA_NAME = "metadata.json"
-COUNTS_NAME = "token_counts.npy"
 # Sentences tokenized per unit of work (one batch of whole documents).
 BATCH_SENTENCES = 20000
 # Tokens of decoded documents `Documents` keeps (most recently used first): a book-length document is read
@@ -50,11 +48,6 @@ CACHE_TOKENS = 1 << 24
 def shard_names(num_shards: int) -> list[str]:
     """The shard file names `documents-{i:05d}-of-{num_shards:05d}.array_record`, in order."""
     return [f"documents-{i:05d}-of-{num_shards:05d}.array_record" for i in range(num_shards)]
-
-
-def is_documents(metadata: dict) -> bool:
-    """Whether a directory's metadata.json describes tokenized documents (else static instances)."""
-    return metadata.get("kind") == KIND
 
 
 def encode_document(tokens: np.ndarray, lengths: np.ndarray) -> bytes:
@@ -165,8 +158,6 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
       ValueError: num_shards or num_workers below 1, or no document has a sentence with a token.
       TypeError: a sentence that is not a str (from the tokenizer).
     """
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     for name, value in (("num_shards", num_shards), ("num_workers", num_workers)):
         if value < 1:
             raise ValueError(f"--{name}={value} must be at least 1")
@@ -195,12 +186,12 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
                 writer.close()
         if not num_documents:
             raise ValueError("the input holds no document with a non-empty sentence")
-        np.save(os.path.join(work, COUNTS_NAME), counts)
-        shutil.copyfile(tokenizer.vocab_file, os.path.join(work, "vocab.txt"))
-        storage.publish(work, output_dir, [*names, COUNTS_NAME, "vocab.txt"])
+        np.save(os.path.join(work, formats.COUNTS_NAME), counts)
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work, formats.VOCAB_NAME))
+        storage.publish(work, output_dir, [*names, formats.COUNTS_NAME, formats.VOCAB_NAME])
         metadata = {
-            "kind": KIND,
-            "format_version": FORMAT_VERSION,
+            "kind": formats.DOCUMENTS_KIND,
+            "format_version": formats.DOCUMENTS_FORMAT_VERSION,
             "shards": names,
             "shard_documents": shard_documents,
             "num_documents": num_documents,
@@ -214,7 +205,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
             **(extra_metadata or {}),
             "seconds": round(time.time() - start, 3),
         }
-        storage.write_json(storage.join(output_dir, METADATA_NAME), metadata)
+        storage.write_json(storage.join(output_dir, formats.METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -223,55 +214,23 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
 # ----------------------------------------------------------------------------- reading
 
 
-def check(path: str, metadata: dict) -> None:
-    """Checks a tokenized-documents directory complete: format version, shards present and readable with
-    the recorded document counts, token_counts.npy and vocab.txt present.
-
-    Raises:
-      FileNotFoundError: a listed file is missing (names it).
-      ValueError: another format version, a truncated or corrupt shard (names it), or a shard holding
-        another number of documents than metadata.json records.
-    """
-    if metadata.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: tokenized documents of format_version {metadata.get('format_version')!r}, "
-                         f"expected {FORMAT_VERSION} (tokenize the corpus again)")
-    for name in (COUNTS_NAME, "vocab.txt"):
-        if not storage.is_file(storage.join(path, name)):
-            raise FileNotFoundError(f"{storage.join(path, name)}: missing (tokenized documents incomplete)")
-    _open(path, metadata)
-
-
-def _open(path: str, metadata: dict) -> list:
-    """One grain ArrayRecordDataSource per shard (`pipeline.open_shard`), checked against metadata's counts
-    (errors as `check`)."""
-    from bert_jax.data import pipeline
-
-    sources = []
-    for name, expected in zip(metadata["shards"], metadata["shard_documents"], strict=True):
-        shard = storage.join(path, name)
-        source = pipeline.open_shard(shard)
-        if len(source) != expected:
-            raise ValueError(f"{shard}: holds {len(source)} documents, {METADATA_NAME} records {expected}")
-        sources.append(source)
-    return sources
-
-
 class Documents:
     """Random access to the documents of a tokenized-documents directory, by corpus index.
 
     `docs[d]` -> (tokens int32 [T], sentence_starts int64 [S + 1]) as `decode_document` (read-only: shared
     with a cache of the most recently used documents, CACHE_TOKENS tokens). Shards are opened on first use
-    (so an instance pickles into grain workers without open files).
+    (so an instance pickles into grain workers without open files). `metadata`: the directory's
+    metadata.json, read from `path` when not given (FileNotFoundError without one, `formats.read_metadata`).
 
     Raises (on first use / indexing):
-      FileNotFoundError, ValueError: as `check` (missing, truncated or corrupt shards); ValueError for a
-        malformed record (names the shard and the document).
+      FileNotFoundError, ValueError: as `formats.open_document_shards` (an incomplete directory: missing,
+        truncated or corrupt shards); ValueError for a malformed record (names the shard and the document).
       IndexError: d outside [0, num_documents).
     """
 
     def __init__(self, path: str, metadata: dict | None = None):
         self.path = path
-        self.metadata = metadata if metadata is not None else storage.read_json(storage.join(path, METADATA_NAME))
+        self.metadata = metadata if metadata is not None else formats.read_metadata(path)
         self.num_documents = int(self.metadata["num_documents"])
         self._sources = None
         self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -290,7 +249,7 @@ class Documents:
             self._cache.move_to_end(d)
             return self._cache[d]
         if self._sources is None:
-            self._sources = _open(self.path, self.metadata)
+            self._sources = formats.open_document_shards(self.path, self.metadata)
         shard = d % len(self._sources)
         try:
             document = decode_document(self._sources[shard][d // len(self._sources)])
@@ -304,4 +263,4 @@ class Documents:
 
     def token_counts(self) -> np.ndarray:
         """int64 [vocab_size]: occurrences of each token id over all documents (token_counts.npy)."""
-        return np.load(storage.local_file(storage.join(self.path, COUNTS_NAME)))
+        return np.load(storage.local_file(storage.join(self.path, formats.COUNTS_NAME)))

@@ -9,6 +9,7 @@ and renamed, so an interrupted download leaves no partial file. Corpora and GLUE
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import urllib.request
@@ -41,8 +42,6 @@ def download_squad(output_dir: str, version: str = "1.1") -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m bert_jax.data.download", description=__doc__.splitlines()[0])
     parser.add_argument("dataset", choices=["squad"])
     parser.add_argument("--output_dir", required=True)

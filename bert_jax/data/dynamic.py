@@ -32,7 +32,7 @@ import grain
 import numpy as np
 
 from bert_jax import storage
-from bert_jax.data import document_shards, packing, pipeline, pretraining, stream, tokenization
+from bert_jax.data import document_shards, formats, packing, pretraining, stream, tokenization
 
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
 DEFAULT_SHUFFLE_WINDOW = 16384
@@ -55,7 +55,7 @@ class _DrawInstances(grain.transforms.Map):
         may race, so the vocabulary, which marks it done, goes last)."""
         if self._vocab is None:
             self._store = document_shards.Documents(self._path)
-            tokenizer = tokenization.Tokenizer(storage.join(self._path, "vocab.txt"), do_lower_case=self._lower)
+            tokenizer = tokenization.Tokenizer(storage.join(self._path, formats.VOCAB_NAME), do_lower_case=self._lower)
             self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
 
     def map(self, element):
@@ -67,18 +67,20 @@ class _DrawInstances(grain.transforms.Map):
 
 class FillRows(grain.transforms.Map):
     """A packed row (grain's element layout, `packing.pack`) -> the same row with its free room filled by
-    instances drawn to fit, when the row has room for at least MIN_FILL tokens, an instance slot and a
-    prediction slot.
+    instances drawn to fit, while the row has room for at least MIN_FILL tokens, an instance slot and a
+    prediction slot (instances of short documents mostly end a few tokens short of max_seq_length, and the
+    stream has too few short instances to fill those gaps).
 
-    Why: instances of short documents mostly end a few tokens short of max_seq_length (a paragraph ends
-    the chunk), and the stream has too few short instances to fill those gaps: SQuAD's paragraphs pack to
-    7.4% padding at 128 without this (README, Packing). A filler is one instance of the original procedure
-    (`pretraining.instances_from_document` with limit=1) from a random sentence of a random document, with
-    max_seq_length = the room left (its target length, the short-target draw off) and at most the row's
-    free prediction slots; it is an extra instance, no original instance is changed, so the stream holds
-    more short instances than the original's short_seq_prob gives (benchmarks/packing.py counts them). The
-    random generator is seeded by (seed, a hash of the row), so a row is filled the same way whenever it
-    is packed: a resumed or re-run stream is unchanged and the transform holds no state.
+    A filler is one instance of the original procedure (`pretraining.instances_from_document` with
+    limit=1) from a random sentence of a random document, with max_seq_length = the room left (its target
+    length, the short-target draw off) and at most the row's free prediction slots. It is an extra
+    instance: no instance of the stream is changed, and the rows hold more short instances than the
+    original's short_seq_prob gives. The random generator is seeded by (seed, a hash of the row), so a row
+    is filled the same way whenever it is packed: a resumed or re-run stream is unchanged, and the
+    transform holds no state.
+
+    Raises (from `map`, on first use): FileNotFoundError / ValueError for an incomplete documents
+    directory (`formats.open_document_shards`).
     """
 
     MIN_FILL = 32
@@ -164,7 +166,7 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
     docs = order.units(docs.repeat(num_epochs), with_index=True).map(functools.partial(_epoch_and_document, num_documents))
     docs = docs[process_index::process_count]
     drawn = docs.map(_DrawInstances(path, options, seed, bool(metadata.get("do_lower_case", True))))
-    drawn = pipeline.in_workers(drawn.to_iter_dataset(read_options), worker_count)
+    drawn = stream.in_workers(drawn.to_iter_dataset(read_options), worker_count)
     records = grain.experimental.FlatMapIterDataset(drawn, _Flatten())
     if shuffle:
         records = grain.experimental.WindowShuffleIterDataset(

@@ -290,7 +290,7 @@ def read_glue_tfds(task: str, split: str, data_dir: str | None = None, download:
       tfds errors (e.g. DatasetNotFoundError / AssertionError): the dataset is not prepared under
         data_dir and download is False, or an unknown split.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
     import tensorflow_datasets.text.glue  # noqa: F401  registers glue/* (tfds does not without TensorFlow)
 
     spec = get_task(task)

@@ -73,11 +73,10 @@ import functools
 from typing import Any, Sequence
 
 import grain
+import jax
 import numpy as np
-from absl import flags as absl_flags
 
-from bert_jax import storage
-from bert_jax.data import pretraining, stream as stream_lib
+from bert_jax.data import dynamic, formats, packing as packing_lib, pretraining, stream as stream_lib
 
 # Reading threads and the read-ahead buffer, in batches (grain's defaults, 16 and 500, would buffer
 # 500 batches).
@@ -93,18 +92,6 @@ def _decode_batch(records: Sequence[bytes], max_seq_length: int,
     """Record bytes [B] -> the batch fields (module docstring), via `pretraining.decode_instance`."""
     rows = [pretraining.decode_instance(r, max_seq_length, max_predictions_per_seq) for r in records]
     return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
-
-
-def in_workers(ds: grain.IterDataset, worker_count: int) -> grain.IterDataset:
-    """`ds` computed in `worker_count` grain worker processes (`mp_prefetch`; each a slice of the map
-    stages before `to_iter_dataset`, read round-robin), or as is for 0."""
-    if not worker_count:
-        return ds
-    # grain 0.2.18 reads an absl flag when starting workers and fails if flags were never parsed
-    # (scripts and tests without absl.app; google/grain#1355, fixed upstream by #1362).
-    if not absl_flags.FLAGS.is_parsed():
-        absl_flags.FLAGS.mark_as_parsed()
-    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
 
 
 class PretrainingIterator(grain.DatasetIterator):
@@ -130,7 +117,7 @@ class PretrainingIterator(grain.DatasetIterator):
         self._it = self._start(0)
 
     def _start(self, position: int) -> grain.DatasetIterator:
-        return iter(in_workers(self._batches[position:].to_iter_dataset(_READ_OPTIONS), self._worker_count))
+        return iter(stream_lib.in_workers(self._batches[position:].to_iter_dataset(_READ_OPTIONS), self._worker_count))
 
     def __next__(self) -> dict[str, np.ndarray]:
         batch = next(self._it)
@@ -239,48 +226,7 @@ class PackedPretrainingIterator(grain.DatasetIterator):
 
 
 def _decode_unpadded(record: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, np.ndarray]:
-    from bert_jax.data import packing
-
-    return packing.unpad(pretraining.decode_instance(record, max_seq_length, max_predictions_per_seq))
-
-
-def open_shard(shard: str) -> "grain.sources.ArrayRecordDataSource":
-    """One ArrayRecord file that a metadata.json lists, opened alone.
-
-    Raises:
-      FileNotFoundError: it is missing.
-      ValueError: ArrayRecord cannot open it (truncated or corrupt; the message names it).
-    """
-    if not storage.is_file(shard):
-        raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
-    try:
-        return grain.sources.ArrayRecordDataSource([storage.local_file(shard)])
-    except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
-        raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
-
-
-def open_shards(path: str, metadata: dict) -> "grain.sources.ArrayRecordDataSource":
-    """The ArrayRecord shards that `metadata` (the directory's metadata.json) lists, checked complete.
-
-    Raises:
-      FileNotFoundError: a listed shard is missing.
-      ValueError: a shard that ArrayRecord cannot open (truncated or corrupt; the message names it), or
-        shards holding no records, or not metadata["num_instances"] of them.
-    """
-    shards = [storage.join(path, s) for s in metadata["shards"]]
-    for shard in shards:
-        if not storage.is_file(shard):
-            raise FileNotFoundError(f"{shard}: shard listed in {pretraining.METADATA_NAME} is missing")
-    try:
-        source = grain.sources.ArrayRecordDataSource([storage.local_file(s) for s in shards])
-    except Exception:  # array_record raises a bare RuntimeError: find the shard and name it
-        for shard in shards:
-            open_shard(shard)
-        raise
-    if len(source) != metadata["num_instances"] or len(source) == 0:
-        raise ValueError(f"{path}: shards hold {len(source)} records, metadata.json "
-                         f"num_instances={metadata['num_instances']}")
-    return source
+    return packing_lib.unpad(pretraining.decode_instance(record, max_seq_length, max_predictions_per_seq))
 
 
 def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
@@ -327,27 +273,21 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         from the metadata (or none given for documents), an unknown format version, or shards not
         holding the recorded count.
     """
-    from bert_jax.data import document_shards, dynamic
-
-    metadata = pretraining.read_metadata(path)
-    documents = document_shards.is_documents(metadata)
+    metadata = formats.read_metadata(path)
+    formats.check_version(path, metadata)
+    documents = formats.is_documents(metadata)
     if documents:
         if max_seq_length is None or max_predictions_per_seq is None:
             raise ValueError(f"{path} holds tokenized documents: give max_seq_length and max_predictions_per_seq")
-        document_shards.check(path, metadata)  # here, not in a reading thread
+        formats.check(path, metadata)  # here, not in a reading thread
         flags = {"max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq}
     else:
-        if metadata.get("format_version") != pretraining.FORMAT_VERSION:
-            raise ValueError(f"{path}: format_version {metadata.get('format_version')!r}, "
-                             f"expected {pretraining.FORMAT_VERSION}")
         flags = metadata["flags"]
         for name, wanted in (("max_seq_length", max_seq_length),
                              ("max_predictions_per_seq", max_predictions_per_seq)):
             if wanted is not None and wanted != flags[name]:
                 raise ValueError(f"{name}={wanted} requested but {path} holds {name}={flags[name]}")
     if process_index is None or process_count is None:
-        import jax
-
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if not 0 <= process_index < process_count:
@@ -376,7 +316,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                                           process_index=process_index, process_count=process_count,
                                           read_options=_READ_OPTIONS, worker_count=worker_count, order=stream)
     else:
-        source = open_shards(path, metadata)
+        source = formats.open_shards(path, metadata)
         num_instances = len(source)
         ds = grain.MapDataset.source(source)
         if shuffle:
@@ -385,15 +325,13 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         ds = ds.repeat(num_epochs)
     decode_unpadded = functools.partial(_decode_unpadded, max_seq_length=length, max_predictions_per_seq=predictions)
     if packing or documents:
-        from bert_jax.data import packing as packing_lib
-
         if packing:
             max_instances = max_instances or packing_lib.default_max_instances(length)
             num_packing_bins = num_packing_bins or packing_lib.DEFAULT_PACKING_BINS
             if documents:
                 instances = records.map(decode_unpadded)
             else:  # decoded in the workers: one output per record, so the same stream for any worker_count
-                instances = in_workers(stream.units(ds)[process_index::process_count].map(decode_unpadded)
+                instances = stream_lib.in_workers(stream.units(ds)[process_index::process_count].map(decode_unpadded)
                                        .to_iter_dataset(_READ_OPTIONS), worker_count)
             rows = packing_lib.pack(
                 instances,

@@ -34,8 +34,8 @@ are consumed in task order, so the output depends on the seed and the shard coun
 `num_workers`.
 
 Output in `output_dir`: `instances-{i:05d}-of-{n:05d}.array_record`, `vocab.txt` (the vocabulary the ids
-index) and `metadata.json` (written last;
-counts, flags, vocab sha256). Record format, little-endian int32:
+index) and `metadata.json` (written last; counts, flags, vocab sha256; its format version and the check
+that a directory is complete: `bert_jax.data.formats`). Record format, little-endian int32:
   [num_tokens, num_predictions, segment_b_start, next_sentence_label,
    input_ids[num_tokens], masked_lm_positions[num_predictions], masked_lm_ids[num_predictions]]
 `decode_instance` turns one record into the standard fields, padded to the lengths in the metadata.
@@ -51,12 +51,12 @@ import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+from tqdm import tqdm
 
 from bert_jax import storage
-from bert_jax.data import corpus
+from bert_jax.data import corpus, document_shards, formats
 
-METADATA_NAME = "metadata.json"
-FORMAT_VERSION = 1
 _HEADER = 4
 
 
@@ -449,9 +449,6 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
     Raises:
       ValueError: bad options or counts, or a corpus with no usable document.
     """
-    from array_record.python.array_record_module import ArrayRecordWriter
-    from tqdm import tqdm
-
     options.validate()
     for name, value in (("dupe_factor", dupe_factor), ("num_shards", num_shards), ("num_workers", num_workers)):
         if value < 1:
@@ -511,11 +508,11 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                 os.close(fd)
                 writer.close()
             os.replace(tmp, final)
-        shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, "vocab.txt"))
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, formats.VOCAB_NAME))
         shard_names = [os.path.basename(p) for p in shard_paths(work_dir, num_shards)]
-        storage.publish(work_dir, output_dir, [*shard_names, "vocab.txt"])
+        storage.publish(work_dir, output_dir, [*shard_names, formats.VOCAB_NAME])
         metadata = {
-            "format_version": FORMAT_VERSION,
+            "format_version": formats.INSTANCES_FORMAT_VERSION,
             "num_instances": int(counts.sum()),
             "shards": shard_names,
             "shard_counts": counts.tolist(),
@@ -531,26 +528,16 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
                       **(extra_metadata or {})},
             "seconds": round(time.time() - start, 3),
         }
-        storage.write_json(storage.join(output_dir, METADATA_NAME), metadata)
+        storage.write_json(storage.join(output_dir, formats.METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def read_metadata(path: str) -> dict:
-    """metadata.json of an instances directory; FileNotFoundError when the output is incomplete."""
-    meta_file = storage.join(path, METADATA_NAME)
-    if not storage.is_file(meta_file):
-        raise FileNotFoundError(f"{path}: no {METADATA_NAME} (not a complete create_pretraining_data output)")
-    return storage.read_json(meta_file)
-
-
 def iterate_instances(path: str) -> Iterator[dict[str, np.ndarray]]:
     """Yields every instance of an output directory, shard by shard, as padded standard fields
     (see `decode_instance`). Needs no TensorFlow."""
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    metadata = read_metadata(path)
+    metadata = formats.read_metadata(path)
     flags = metadata["flags"]
     for shard in metadata["shards"]:
         reader = ArrayRecordReader(storage.local_file(storage.join(path, shard)))
@@ -578,11 +565,9 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
       FileNotFoundError: not a complete create_pretraining_data output.
       ValueError: a target id >= vocab_size (instances built with another vocabulary).
     """
-    from bert_jax.data import document_shards
-
     counts = np.zeros(vocab_size, np.float64)
-    metadata = read_metadata(path)
-    if document_shards.is_documents(metadata):  # the tokens' unigram distribution
+    metadata = formats.read_metadata(path)
+    if formats.is_documents(metadata):  # the tokens' unigram distribution
         token_counts = document_shards.Documents(path, metadata).token_counts()
         used = np.flatnonzero(token_counts)
         if len(used) and used[-1] >= vocab_size:

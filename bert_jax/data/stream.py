@@ -1,4 +1,5 @@
-"""The global order of a packed or dynamic input stream, and where it continues on another process count.
+"""The global order of a packed or dynamic input stream, how processes and grain workers split it, and
+where it continues on another process count.
 
 A packed or dynamic pre-training input (`bert_jax.data.pipeline`) reads a global sequence of units
 (instances of a static directory, or (epoch, document) pairs of tokenized documents): unit i of the
@@ -13,6 +14,9 @@ from which grain would replay it (the innermost reader's position: the shuffle w
 window's start), and returns the stream of the units no process has finished: nothing is dropped, and
 the units read into an old process's open shuffle window and packing window are drawn again (some of
 their instances twice). The new processes split that stream as before ([p::P']).
+
+Within a process, `in_workers` computes a stream's map stages in grain worker processes, each a slice of
+the elements, read round-robin: the same elements in the same order for every worker count.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import grain
+from absl import flags as absl_flags
 
 # A stream's record in an iterator state: {"pending": [int, ...], "start": int}.
 STATE_KEY = "stream"
@@ -119,6 +124,18 @@ class Stream:
         end = (epoch + 1) * epoch_size
         left = sum(1 for i in self.pending if epoch * epoch_size <= i < end) + max(0, end - max(self.start, epoch * epoch_size))
         return epoch, left
+
+
+def in_workers(ds: grain.IterDataset, worker_count: int) -> grain.IterDataset:
+    """`ds` computed in `worker_count` grain worker processes (`mp_prefetch`; each a slice of the map
+    stages before `to_iter_dataset`, read round-robin), or as is for 0."""
+    if not worker_count:
+        return ds
+    # grain 0.2.18 reads an absl flag when starting workers and fails if flags were never parsed
+    # (scripts and tests without absl.app; google/grain#1355, fixed upstream by #1362).
+    if not absl_flags.FLAGS.is_parsed():
+        absl_flags.FLAGS.mark_as_parsed()
+    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
 
 
 def source_position(state: Any) -> int:

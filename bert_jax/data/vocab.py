@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import Iterator, Sequence
 
+import sentencepiece as spm
 from absl import app, flags
 
 from bert_jax.data import corpus as corpus_files
@@ -124,8 +125,6 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
       ValueError: no input file matches, the corpus has no words, `vocab_size` is too small for the
         special tokens and two entries per character, or a bad argument.
     """
-    import sentencepiece as spm  # noqa: PLC0415 (only needed here)
-
     start = time.perf_counter()
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
