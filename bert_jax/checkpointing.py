@@ -64,6 +64,7 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             directory if storage.is_remote(directory) else os.path.abspath(directory),
             options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                                 save_interval_steps=0 if read_only else 1,
                                                  enable_async_checkpointing=async_save,
                                                  create=not read_only, read_only=read_only,
                                                  cleanup_tmp_directories=not read_only),
@@ -227,7 +228,8 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
     """
     manager = ocp.CheckpointManager(directory if storage.is_remote(directory) else os.path.abspath(directory),
                                     item_names=("state", "data", "config"),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+                                    options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0,
+                                                                         create=False))
 
     def restore(s):
         check_shapes(storage.join(directory, str(s)), {"params": abstract_params})

@@ -15,7 +15,10 @@ program or test that imports bert_jax keeps its process as it is. For the whole 
     (absl), asyncio's "Task exception was never retrieved" for an out-of-space write or a read of a failed
     restore and its "error while reading array", unraisable exceptions of Orbax's abandoned reads and of
     TensorStore callbacks into a closed event loop, and "coroutine ... was never awaited" warnings of those
-    reads. Every other report passes.
+    reads.
+  - Orbax's warning, for each checkpoint directory opened read-only (fine-tuning, conversion, feature
+    extraction), that the directory is read-only.
+Every other report passes.
 
 `held_stderr(path)` wraps one attempt whose failure the caller reports itself (a checkpoint restore).
 """
@@ -99,10 +102,15 @@ class _Console:
 
     @staticmethod
     def keep_absl(record: logging.LogRecord) -> bool:
-        """False for Orbax's ERROR records of a save out of disk space (once per background thread)."""
+        """False for Orbax's ERROR records of a save out of disk space (once per background thread) and
+        its warning that a checkpoint directory opened read-only is read-only."""
+        if "orbax" not in record.pathname:
+            return True
         error = record.exc_info[1] if record.exc_info else None
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
-                    and (storage.is_out_of_space(error) or "No space left on device" in record.getMessage()))
+        message = record.getMessage()
+        return not (record.levelno >= logging.ERROR
+                    and (storage.is_out_of_space(error) or "No space left on device" in message)
+                    or message.startswith("Given directory is read only="))
 
     def keep_asyncio(self, record: logging.LogRecord) -> bool:
         """False for asyncio's reports of Orbax's reads of a failed attempt (naming a path in

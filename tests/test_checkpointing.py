@@ -165,7 +165,8 @@ def test_shape_mismatch_is_a_config_error_not_corruption(instances, run, tmp_pat
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # left in place
 
 
-def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys):
+def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys,
+                                                                   console_installed):
     checkpoints = _copy(run, tmp_path)
     _truncate(checkpoints / "4", every=True)
     expected = _params(run[0], _config(instances), 2)  # the uninterrupted run's own checkpoint 2

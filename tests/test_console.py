@@ -76,6 +76,21 @@ def test_the_library_changes_nothing_process_wide(tmp_path):
     assert {name: list(logging.getLogger(name).filters) for name in filters} == filters
 
 
+def test_orbax_read_only_warning_is_dropped_and_no_other(console_installed):
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("absl")
+    logger.addHandler(handler)
+    try:
+        for message in ("Given directory is read only=/run/checkpoints", "Some other warning"):
+            logger.handle(logging.LogRecord("absl", logging.WARNING, "/site-packages/orbax/checkpoint/"
+                                            "checkpoint_manager.py", 849, message, None, None))
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Some other warning"]
+
+
 def _attempt(fail):
     with console.held_stderr("/nowhere/checkpoints/7"):
         os.write(2, b"from the attempt\n")
