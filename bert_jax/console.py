@@ -7,8 +7,9 @@ program or test that imports bert_jax keeps its process as it is. For the whole 
     the TPU backend first, and libtpu, finding no TPU, prints `E0000 ... INVALID_ARGUMENT ...
     TPU_WORKER_HOSTNAMES` lines and a source-location trace that read as a failure. Where no TPU device
     file exists (`TPU_DEVICES`) and the environment names no TPU topology, `install` sets libtpu's
-    single-host topology (`SINGLE_HOST`: one host, this one); the probe then fails silently, and the
-    compile-only topologies of `bert_jax.aot` are the same. On a TPU VM nothing is set: libtpu's errors show.
+    single-host topology (`SINGLE_HOST`: one host, this one); the probe then fails silently (JAX's own
+    INFO record of it, "Unable to initialize backend 'tpu'", is dropped too), and the compile-only
+    topologies of `bert_jax.aot` are the same. On a TPU VM nothing is set: libtpu's errors show.
   - the late reports of a failure the command has already reported in one line (`checkpointing`: an
     unreadable checkpoint, a save out of disk space). Orbax's other work of the failed operation reports
     it again from other threads, often at exit; dropped are Orbax's ERROR logs of a save out of space
@@ -68,6 +69,8 @@ class _Console:
             return
         self._environ = libtpu_settings(os.environ)
         os.environ.update(self._environ)
+        if self._environ:
+            logging.getLogger("jax._src.xla_bridge").addFilter(self.keep_jax)
         self._hook, sys.unraisablehook = sys.unraisablehook, self.unraisable
         logging.getLogger("absl").addFilter(self.keep_absl)
         logging.getLogger("asyncio").addFilter(self.keep_asyncio)
@@ -83,6 +86,7 @@ class _Console:
                 del os.environ[name]
         if sys.unraisablehook == self.unraisable:
             sys.unraisablehook = self._hook
+        logging.getLogger("jax._src.xla_bridge").removeFilter(self.keep_jax)
         logging.getLogger("absl").removeFilter(self.keep_absl)
         logging.getLogger("asyncio").removeFilter(self.keep_asyncio)
         warnings.filters[:] = self._warnings
@@ -99,6 +103,11 @@ class _Console:
                 tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
             return
         self._hook(unraisable)
+
+    @staticmethod
+    def keep_jax(record: logging.LogRecord) -> bool:
+        """False for JAX's record of the TPU backend failing to start (on a host without a TPU)."""
+        return not record.getMessage().startswith("Unable to initialize backend 'tpu'")
 
     @staticmethod
     def keep_absl(record: logging.LogRecord) -> bool:

@@ -13,7 +13,7 @@ from bert_jax import console
 from conftest import ROOT
 
 LIBTPU_NOISE = ("E0000", "TPU_WORKER_HOSTNAMES", "Source Location Trace", "Failed to find host bounds",
-                "Logging before InitGoogle")
+                "Logging before InitGoogle", "Unable to initialize backend")
 
 
 def _without_tpu_settings():
