@@ -342,6 +342,7 @@ def has_checkpoints(directory: str) -> bool:
 
 def _try(directory: str, step: int, restore: Callable[[int], Any]) -> tuple[Any, str | None]:
     """-> (restore(step), None), or (None, the reason in a few words) when the step cannot be read.
+    In a command (`console.install`), Orbax's own reports of a failed try are held back and dropped.
 
     Raises:
       CheckpointMismatch: from `restore` (a readable checkpoint that does not fit).
