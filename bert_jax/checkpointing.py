@@ -21,14 +21,15 @@ A checkpoint whose arrays are readable but of other shapes than the target is a 
 
 A save that runs out of disk space (`save`, `wait`, `close`: an asynchronous save's error surfaces
 when it is awaited) raises a one-line CheckpointSaveError naming the step and the directory; the
-failed save's temporary directory is removed, so no step of it is listed, and Orbax's own tracebacks
-of it are not printed.
+failed save's temporary directory is removed, so no step of it is listed.
+
+Orbax's and TensorStore's own reports of such a failure (logs, tracebacks from other threads) are
+printed as they come unless `bert_jax.console` is installed, as the command-line entry points do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
@@ -37,8 +38,9 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
-from bert_jax import storage
+from bert_jax import console, storage
 
 
 class Checkpointer:
@@ -59,10 +61,10 @@ class Checkpointer:
         self.directory = directory
         self._pending: int | None = None  # the step of the asynchronous save not yet awaited
         self._failed: BaseException | None = None  # a save's failure, already raised once
-        _quiet_reported_save_failures()
         self.manager = ocp.CheckpointManager(
             directory if storage.is_remote(directory) else os.path.abspath(directory),
             options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                                 save_interval_steps=0 if read_only else 1,
                                                  enable_async_checkpointing=async_save,
                                                  create=not read_only, read_only=read_only,
                                                  cleanup_tmp_directories=not read_only),
@@ -112,7 +114,7 @@ class Checkpointer:
             yield
         except Exception as e:
             self._failed = e
-            if not _no_space(e):
+            if not storage.is_out_of_space(e):
                 raise
             removed = self._remove_unfinished()
             what = f"checkpoint {step}" if step is not None else "a checkpoint"
@@ -126,8 +128,6 @@ class Checkpointer:
         process 0 -> whether there were any."""
         if jax.process_index() != 0:
             return False
-        from etils import epath
-
         names = ocp.step.tmp_checkpoints(self.manager.directory)
         for name in names:
             with contextlib.suppress(OSError):
@@ -228,7 +228,8 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
     """
     manager = ocp.CheckpointManager(directory if storage.is_remote(directory) else os.path.abspath(directory),
                                     item_names=("state", "data", "config"),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+                                    options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0,
+                                                                         create=False))
 
     def restore(s):
         check_shapes(storage.join(directory, str(s)), {"params": abstract_params})
@@ -270,17 +271,12 @@ def _key_name(key: Any) -> str:
 
 def _stored_shapes(step_dir: str) -> dict[str, tuple[int, ...]]:
     """{"/"-joined path: shape} of every array of a checkpoint's `state` item (Orbax's tree metadata)."""
-    from absl import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity(logging.ERROR)  # an item has no step metadata file of its own: Orbax warns
+    local = not storage.is_remote(step_dir)  # Orbax finds no metadata under a relative path
+    handler = ocp.PyTreeCheckpointHandler()
     try:
-        local = not storage.is_remote(step_dir)  # Orbax finds no metadata under a relative path
-        metadata = ocp.StandardCheckpointer().metadata(storage.join(os.path.abspath(step_dir) if local else step_dir,
-                                                                    "state"))
+        tree = handler.metadata(epath.Path(os.path.abspath(step_dir) if local else step_dir, "state"))
     finally:
-        logging.set_verbosity(verbosity)
-    tree = getattr(metadata, "item_metadata", metadata)
+        handler.close()
     return {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
             for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
@@ -346,13 +342,14 @@ def has_checkpoints(directory: str) -> bool:
 
 def _try(directory: str, step: int, restore: Callable[[int], Any]) -> tuple[Any, str | None]:
     """-> (restore(step), None), or (None, the reason in a few words) when the step cannot be read.
+    In a command (`console.install`), Orbax's own reports of a failed try are held back and dropped.
 
     Raises:
       CheckpointMismatch: from `restore` (a readable checkpoint that does not fit).
     """
     try:
         _check_integrity(storage.join(directory, str(step)))
-        with _quiet_unless_ok(storage.join(directory, str(step))):
+        with console.held_stderr(storage.join(directory, str(step))):
             return restore(step), None
     except CheckpointMismatch:
         raise
@@ -399,95 +396,6 @@ def newest_readable(directory: str, steps: list[int], restore: Callable[[int], A
     return None
 
 
-@contextlib.contextmanager
-def _quiet_unless_ok(step_dir: str):
-    """Holds back what is written to stderr (file descriptor 2: Orbax's and TensorStore's own reports,
-    from Python and C++ threads alike) while a restore is tried: replayed when it succeeds, dropped
-    when it fails (the caller then reports the failure in one line). Orbax's reads that were still in
-    flight when the first one failed are collected here too, and asyncio's later reports of them (they
-    name files under `step_dir`) are dropped, so their tracebacks do not surface later."""
-    import gc
-    import tempfile
-    import time
-
-    sys.stderr.flush()
-    saved_fd, saved_hook = os.dup(2), sys.unraisablehook
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        sys.unraisablehook = lambda _: None
-        ok = False
-        try:
-            yield
-            ok = True
-        finally:
-            if not ok:  # let the failed restore's other reads finish and report (up to 5 s, until quiet)
-                size, quiet, deadline = -1, 0, time.monotonic() + 5.0
-                while quiet < 3 and time.monotonic() < deadline:
-                    time.sleep(0.25)
-                    gc.collect()
-                    grown = os.fstat(held.fileno()).st_size
-                    quiet, size = (quiet + 1, size) if grown == size else (0, grown)
-            sys.stderr.flush()
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            sys.unraisablehook = saved_hook if ok else _drop_abandoned_reads(saved_hook)
-            if not ok:
-                import warnings
-
-                _abandoned_work.step_dirs.add(step_dir.rstrip("/") + "/")
-                _abandoned_work.install()
-                # Reads never started are reported when collected (often at exit): dropped as well.
-                warnings.filterwarnings("ignore", r"coroutine '\w*_read_array\w*' was never awaited", RuntimeWarning)
-            if ok:
-                held.seek(0)
-                os.write(2, held.read())
-
-
-def _drop_abandoned_reads(hook):
-    """An unraisable-exception hook that drops the errors of Orbax array reads abandoned by a failed
-    restore (coroutines finalised later, e.g. at exit; already reported in one line) and passes
-    everything else to `hook`."""
-    if getattr(hook, "drops_abandoned_reads", False):
-        return hook
-
-    def filtered(unraisable):
-        if "_read_array" not in getattr(unraisable.object, "__qualname__", ""):
-            hook(unraisable)
-
-    filtered.drops_abandoned_reads = True
-    return filtered
-
-
-class _AbandonedWork:
-    """The one logging filter for asyncio's late reports of work a reported failure abandoned (the
-    failure was already said in one line), installed on the "asyncio" logger by `install`:
-
-    - reads of a failed restore: a report naming a step directory in `step_dirs` (TensorStore's errors
-      name the file they read), or Orbax's own "error while reading array";
-    - writes of a save that ran out of space: a "never retrieved" report whose error is out of space.
-    """
-
-    def __init__(self):
-        self.step_dirs: set[str] = set()
-
-    def install(self) -> None:
-        import logging
-
-        if self not in logging.getLogger("asyncio").filters:
-            logging.getLogger("asyncio").addFilter(self)
-
-    def filter(self, record) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        text = record.getMessage() + str(error or "")
-        message = record.getMessage()
-        return not ("error while reading array" in text
-                    or "never retrieved" in text and any(d in text for d in self.step_dirs)
-                    or "never retrieved" in message and (_no_space(error) or "No space left on device" in message))
-
-
-_abandoned_work = _AbandonedWork()
-
-
 def _check_integrity(step_dir: str) -> None:
     """Orbax's own completeness markers: the step metadata parses, and every item was committed.
 
@@ -513,9 +421,7 @@ def _move_aside(step_dir: str) -> str | None:
             target, n = f"{step_dir}.unreadable-{n}", n + 1
         try:
             if storage.is_remote(step_dir):
-                from etils import epath
-
-                epath.Path(step_dir).rename(target)
+                        epath.Path(step_dir).rename(target)
             else:
                 os.replace(step_dir, target)
         except OSError:
@@ -525,57 +431,3 @@ def _move_aside(step_dir: str) -> str | None:
 
         multihost_utils.sync_global_devices(f"move aside {step_dir}")
     return target
-
-
-def _no_space(error: BaseException | None) -> bool:
-    """Whether `error` (or an error it was raised from) is a write that ran out of disk space:
-    errno ENOSPC from Python, TensorStore's RESOURCE_EXHAUSTED with the OS message."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text or \
-                "RESOURCE_EXHAUSTED" in text and "space" in text.lower():
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-_quieted = False
-
-
-def _quiet_reported_save_failures() -> None:
-    """Keeps the reports of a save that ran out of space to the one line of `CheckpointSaveError`
-    (installed once per process, by the first Checkpointer):
-
-    - Orbax's background threads log the failure with its traceback at ERROR, once per thread
-      (absl logging): such records from Orbax are dropped, since the error is re-raised to
-      `Checkpointer` when the save is awaited;
-    - the failed save's other TensorStore writes complete after its event loop closed; their callbacks
-      (called from C++, reported as unraisable exceptions) raise "Event loop is closed": dropped;
-    - asyncio reports the failed save's other write tasks, collected later (often at exit), as "Task
-      exception was never retrieved" with their out-of-space error: dropped (`_AbandonedWork`).
-    """
-    global _quieted
-    if _quieted:
-        return
-    _quieted = True
-    import logging
-
-    def keep(record) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
-                    and (_no_space(error) or "No space left on device" in record.getMessage()))
-
-    logging.getLogger("absl").addFilter(keep)
-    _abandoned_work.install()
-    hook = sys.unraisablehook
-
-    def unraisablehook(unraisable):
-        tb = unraisable.exc_traceback
-        if unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed" and \
-                tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe":  # from C++, loop closed
-            return
-        hook(unraisable)
-
-    sys.unraisablehook = unraisablehook

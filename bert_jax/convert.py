@@ -732,6 +732,7 @@ def to_hf(config: BertConfig, params: Mapping[str, Any], out_dir: str, *,
 if __name__ == "__main__":  # python -m bert_jax.convert {to_hf,from_hf,from_tf}: the command lives in convert_cli
     import sys
 
-    from bert_jax import convert_cli
+    from bert_jax import console, convert_cli
 
+    console.install()
     sys.exit(convert_cli.main())

@@ -310,4 +310,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from bert_jax import console
+
+    console.install()
     app.run(main)

@@ -407,5 +407,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> in
 
 
 if __name__ == "__main__":
+    from bert_jax import console
+
+    console.install()
     _define_flags()
     app.run(main)

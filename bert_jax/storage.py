@@ -18,6 +18,7 @@ Readers that open only local files and gs:// URIs (ArrayRecord's) read other URI
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import json
 import os
@@ -165,3 +166,17 @@ def local_file(path: str | os.PathLike) -> str:
         os.replace(local + ".tmp", local)
         _LOCAL_COPIES[path] = local
     return _LOCAL_COPIES[path]
+
+
+def is_out_of_space(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is a write that ran out of disk space: errno ENOSPC
+    (Python's OSError), or TensorStore's RESOURCE_EXHAUSTED with the OS message."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text or \
+                "RESOURCE_EXHAUSTED" in text and "space" in text.lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -69,3 +69,13 @@ def documents(data_dir, tmp_path_factory):
         corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
         tok, str(out), num_shards=2)
     return out
+
+
+@pytest.fixture
+def console_installed():
+    """The command line's stderr policy (`bert_jax.console.install`) for one test, undone after it."""
+    from bert_jax import console
+
+    console.install()
+    yield
+    console.uninstall()

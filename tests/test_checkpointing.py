@@ -100,7 +100,8 @@ def _copy(run, dst, steps=(2, 4)):
     return dst / "checkpoints"
 
 
-def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(instances, run, tmp_path, capsys):
+def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(instances, run, tmp_path, capsys,
+                                                                              console_installed):
     _truncate(_copy(run, tmp_path) / "4")
     capsys.readouterr()
     config = _config(instances)
@@ -164,7 +165,8 @@ def test_shape_mismatch_is_a_config_error_not_corruption(instances, run, tmp_pat
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # left in place
 
 
-def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys):
+def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys,
+                                                                   console_installed):
     checkpoints = _copy(run, tmp_path)
     _truncate(checkpoints / "4", every=True)
     expected = _params(run[0], _config(instances), 2)  # the uninterrupted run's own checkpoint 2
@@ -227,10 +229,10 @@ def _asyncio_reports():
         logging.getLogger("asyncio").removeHandler(handler)
 
 
-def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_path):
+def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_path, console_installed):
     """asyncio reports a read abandoned by a failed restore when its future is collected, possibly long
-    after the restore (CI saw it at exit): after the failure, such reports naming the step are dropped;
-    one naming another step, or any other error, is still printed."""
+    after the restore (CI saw it at exit): with the command line's console, after the failure, such reports
+    naming the step are dropped; one naming another step, or any other error, is still printed."""
     import asyncio
     import gc
 
@@ -263,14 +265,13 @@ def test_late_reports_of_a_failed_restores_reads_are_dropped_and_no_others(tmp_p
         assert len(seen) == 2 and all("never retrieved" in m for m in seen)
 
 
-def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(tmp_path):
+def test_late_reports_of_a_failed_saves_writes_are_dropped_and_no_others(console_installed):
     """asyncio reports an out-of-space write task of a failed save when it is collected (seen at exit):
-    dropped once a Checkpointer exists; another task's error is still printed."""
+    dropped by the command line's console; another task's error is still printed."""
     import asyncio
     import errno as errno_module
     import gc
 
-    checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)  # installs the filters
     with _asyncio_reports() as seen:
         def abandon(error):
             loop = asyncio.new_event_loop()

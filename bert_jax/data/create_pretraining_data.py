@@ -91,4 +91,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from bert_jax import console
+
+    console.install()
     sys.exit(app.run(main))

@@ -56,4 +56,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from bert_jax import console
+
+    console.install()
     sys.exit(main(sys.argv[1:]))

@@ -233,5 +233,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from bert_jax import console
+
+    console.install()
     _define_flags()
     app.run(main)

@@ -620,8 +620,9 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
     from absl import app, flags, logging
     from bert_jax import configs
 
-    from bert_jax import distributed
+    from bert_jax import console, distributed
 
+    console.install()
     configs.define_flag(config_help)
     flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
     distributed.define_flags()
