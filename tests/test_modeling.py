@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import convert, heads, modeling
+from bert_jax import convert, heads, layers, modeling
 from bert_jax.configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
@@ -190,7 +190,7 @@ def test_output_positions_equal_the_full_rows(kernel_set, scan):
                 out = model.apply({"params": p}, *args, output_positions=positions, **packed)
                 return out.sequence_output, out.pooled_output
             out = model.apply({"params": p}, *args, **packed)
-            return modeling.gather_positions(out.sequence_output, positions), out.pooled_output
+            return layers.gather_positions(out.sequence_output, positions), out.pooled_output
 
         (seq_full, pooled_full), (seq, pooled) = rows(params, False), rows(params, True)
         assert seq.shape == (B, 4, 32)
