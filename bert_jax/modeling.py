@@ -22,8 +22,8 @@ Sharding: every parameter is created with logical axis names (`nn.with_logical_p
 activations are constrained at block boundaries (`nn.with_logical_constraint`). Both are no-ops unless
 `bert_jax.sharding` supplies a mesh and a rules table; the model never names a mesh axis. Parameters
 use `vocab`, `embed`, `embed_out` (output side of a D x D kernel), `heads`, `kv`, `mlp`, `position`,
-`token_type`, `classes` and (scanned layers) `layers`; activations `batch`, `length`, `embed`, `heads`,
-`kv`, `mlp`, `predictions`.
+`token_type`, `classes` and (scanned layers) `layers`; activations `batch`, `length`, `activation_embed`,
+`heads`, `kv`, `mlp`, `vocab`, `predictions`.
 
 Precision: parameters are stored in `param_dtype` (float32 by default) and cast to `dtype` for
 matmuls; attention softmax, LayerNorm statistics and the MLM logits are always float32.
@@ -212,7 +212,7 @@ class BertForPreTraining(nn.Module):
         """sequence_output [B, L, D], masked_lm_positions int32 [B, P] -> float32 logits [B, P, V]."""
         c = self.config
         x = gather_positions(sequence_output, masked_lm_positions)  # [B, P, D]
-        x = nn.with_logical_constraint(x, ("batch", "predictions", "embed"))
+        x = nn.with_logical_constraint(x, ("batch", "predictions", "activation_embed"))
         x = self.mlm_layer_norm(activation(c)(self.mlm_transform(x)))
         logits = self.bert.attend(x, self.mlm_output_bias)
         return nn.with_logical_constraint(logits, ("batch", "predictions", "vocab"))
@@ -287,12 +287,12 @@ class BertLayer(nn.Module):
         if positions is not None:
             x = gather_positions(x, positions)
         x = layer_norm(c, "attention_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, attn, deterministic))
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", kernel_set(c).dot_general)(x)
         y = nn.with_logical_constraint(activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
         y = dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
         x = layer_norm(c, "output_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, y, deterministic))
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         return x, (x if self.return_state else None)
 
 
@@ -476,7 +476,7 @@ class BertEmbeddings(nn.Module):
             positions = jnp.take(self.position_embeddings.embedding, position_ids, axis=0)  # [B, L, D]
         types = jnp.take(self.token_type_embeddings.embedding, token_type_ids, axis=0)  # [B, L, D]
         x = self.dropout(self.layer_norm(words + positions + types), deterministic=deterministic)
-        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
 
     def attend(self, x: Array, bias: Array) -> Array:
         """Tied output projection: x [..., D] -> float32 logits [..., V] = x @ word_embeddings^T + bias [V]."""
