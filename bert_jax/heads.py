@@ -18,7 +18,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from bert_jax.modeling import BertConfig, BertModel, dense, dropout
+from bert_jax.layers import dense, dropout
+from bert_jax.modeling import BertConfig, BertModel
 
 Array = jax.Array
 

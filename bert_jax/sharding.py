@@ -8,10 +8,11 @@ Mesh axes are `('data', 'fsdp', 'tensor')`:
            vocabulary are split.
 
 `LOGICAL_AXIS_RULES` is the only place where logical names (declared by `bert_jax.modeling` on every
-parameter and on activations at block boundaries) meet mesh axes. Flax resolves a logical axis to the
-first rule whose mesh axis is not already used by the same array, so the activation
-("batch", "length", "embed") becomes (("data", "fsdp"), None, None) while the parameter
-("vocab", "embed") becomes ("tensor", "fsdp").
+parameter and on activations at block boundaries) meet mesh axes. Each logical name has one rule and no
+array uses two names of the same mesh axis, so the layout does not depend on the order of the rules: the
+model dimension is `embed` on parameters (sharded over fsdp) and `activation_embed` on activations
+(replicated, their batch is on fsdp), e.g. the parameter ("vocab", "embed") becomes ("tensor", "fsdp")
+and the activation ("batch", "length", "activation_embed") becomes (("data", "fsdp"), None, None).
 
 Presets name the paper's pods (BERT-Base on 16 TPU chips, BERT-Large on 64) for TPU v3 (2 cores = 2 JAX
 devices per chip), v4 (2 cores run as one "megacore" device per chip) and v5e (1 core, 1 device per chip),
@@ -31,19 +32,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    # activations only
     ("batch", ("data", "fsdp")),
     ("length", None),
     ("predictions", None),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("embed_out", "tensor"),
+    ("activation_embed", None),
+    # parameters only
     ("embed", "fsdp"),
-    ("kv", None),
+    ("embed_out", "tensor"),
     ("position", None),
     ("token_type", None),
     ("classes", None),
     ("layers", None),
+    # both
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("kv", None),
 )
 
 # name: (data, fsdp, tensor); -1 = all remaining devices. A v3 chip shows 2 devices, v4 and v5e chips 1.

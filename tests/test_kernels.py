@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import kernels, losses, modeling
+from bert_jax import kernels, layers, losses, modeling
 from bert_jax.kernels import gpu, reference, xla_cpu
 
 SETS = ["reference", "xla_cpu"]
@@ -67,7 +67,7 @@ def test_layer_norm_and_its_gradients_equal_torch(dtype):
 
     config = modeling.BertConfig(vocab_size=8, hidden_size=48, num_hidden_layers=1, num_attention_heads=1,
                                  intermediate_size=8, layer_norm_eps=1e-12, dtype=dtype)
-    module = modeling._layer_norm(config, "LayerNorm")
+    module = layers.layer_norm(config, "LayerNorm")
     rng = np.random.default_rng(0)
     x64 = rng.normal(0.0, 0.5, size=(6, 5, 48)) + rng.normal(0, 8, size=(6, 5, 1))
     scale64, bias64 = rng.normal(1, 0.1, 48), rng.normal(0, 0.1, 48)
@@ -230,7 +230,7 @@ def _segments(length):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch):
     """The gpu set's call of jax.nn.dot_product_attention (its "xla" lowering here: no cuDNN on a CPU) against
-    the model's formula with `segment_mask_bias`, at the real tokens, value and gradient."""
+    the model's formula with `AttentionMask.packed`, at the real tokens, value and gradient."""
     monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
     b, n, length, h = 2, 2, 32, 16
     q, k, v = (x.astype(dtype) for x in jax.random.normal(jax.random.PRNGKey(0), (3, b, n, length, h)))
@@ -239,7 +239,7 @@ def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch)
 
     def reference_attention(q, k, v):
         scores = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(h)
-        probs = jax.nn.softmax(scores + modeling.segment_mask_bias(segments), axis=-1)
+        probs = jax.nn.softmax(scores + modeling.AttentionMask.packed(segments).bias, axis=-1)
         return jnp.einsum("bnqk,bnkh->bnqh", probs.astype(dtype), v)
 
     def ours(q, k, v):

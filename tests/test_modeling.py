@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import convert, heads, modeling
+from bert_jax import convert, heads, layers, modeling, sharding
 from bert_jax.configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
@@ -97,6 +97,30 @@ def test_parameter_tree_with_logical_axes(kernel_set, scan):
     got = {k: (tuple(v.value.shape), tuple(v.names)) for k, v in flat.items()}
     assert got == _expected_tree(scan)
     assert all(v.value.dtype == jnp.float32 for v in flat.values())
+
+
+
+def test_logical_axes_resolve_the_same_under_any_rule_order(monkeypatch):
+    """Every logical axis name the model uses has a rule, and each parameter's and activation's layout
+    is the same under the rules in their order and reversed (no name takes a mesh axis another name
+    of the same array would take first)."""
+    constrained = []
+    real = nn.with_logical_constraint
+    monkeypatch.setattr(nn, "with_logical_constraint", lambda x, axes: constrained.append(tuple(axes)) or real(x, axes))
+    x = _inputs()
+    packed = {"segment_ids": x["attention_mask"], "position_ids": jnp.zeros_like(x["input_ids"]),
+              "next_sentence_positions": jnp.zeros((B, 2), jnp.int32)}
+    boxed = jax.eval_shape(lambda: modeling.BertForPreTraining(TINY).init(jax.random.key(0), **x, **packed))
+    jax.eval_shape(lambda: modeling.BertForPreTraining(TINY).init(jax.random.key(0), **x))
+    params = jax.tree_util.tree_leaves(nn.get_partition_spec(boxed), is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+    specs = {tuple(s) for s in params} | set(constrained)
+    assert {"activation_embed", "batch", "heads", "vocab"} <= {n for s in constrained for n in s}
+    assert not any("embed" in s for s in constrained)  # the parameters' model dimension only
+    rules = sharding.LOGICAL_AXIS_RULES
+    assert {n for s in specs for n in s if n} <= {name for name, _ in rules}
+    assert len({name for name, _ in rules}) == len(rules)
+    for spec in specs:
+        assert nn.logical_to_mesh_axes(spec, rules) == nn.logical_to_mesh_axes(spec, rules[::-1]), spec
 
 
 def _count(config, model_cls=modeling.BertModel):
@@ -190,7 +214,7 @@ def test_output_positions_equal_the_full_rows(kernel_set, scan):
                 out = model.apply({"params": p}, *args, output_positions=positions, **packed)
                 return out.sequence_output, out.pooled_output
             out = model.apply({"params": p}, *args, **packed)
-            return modeling.gather_positions(out.sequence_output, positions), out.pooled_output
+            return layers.gather_positions(out.sequence_output, positions), out.pooled_output
 
         (seq_full, pooled_full), (seq, pooled) = rows(params, False), rows(params, True)
         assert seq.shape == (B, 4, 32)

@@ -168,7 +168,7 @@ def test_packed_iterator_resumes_the_same_rows(instances):
 
 def test_splash_attention_equals_the_reference_with_segment_ids():
     """The Pallas splash kernel (interpret mode on the CPU) against the model's attention formula with
-    `segment_mask_bias`, float32, three packed segments and padding: within 1e-5 at the real tokens."""
+    `AttentionMask.packed`, float32, three packed segments and padding: within 1e-5 at the real tokens."""
     from bert_jax.kernels import splash
 
     b, n, h = 2, 2, 64
@@ -178,7 +178,7 @@ def test_splash_attention_equals_the_reference_with_segment_ids():
         segments[0, :40], segments[0, 40:70], segments[0, 70:90] = 1, 2, 3
         segments[1, :] = 1
         segments = jnp.asarray(segments)
-        scores = jnp.einsum("bnqh,bnkh->bnqk", q, k) / np.sqrt(h) + modeling.segment_mask_bias(segments)
+        scores = jnp.einsum("bnqh,bnkh->bnqk", q, k) / np.sqrt(h) + modeling.AttentionMask.packed(segments).bias
         want = jnp.einsum("bnqk,bnkh->bnqh", jax.nn.softmax(scores, axis=-1), v)
         got = splash.attention(q / np.sqrt(h), k, v, segments, interpret=True)
         assert got.shape == want.shape

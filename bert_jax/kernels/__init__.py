@@ -1,30 +1,38 @@
-"""Backend-specific kernels behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu" | "splash" |
-"gpu").
+"""Backend-specific operations behind one switch, `model.kernels` ("auto" | "reference" | "xla_cpu" | "tpu" |
+"splash" | "gpu").
 
-`bert_jax.modeling` writes the paper's model in plain JAX/Flax; the few places where the compiler of
-one backend needs help get their operation from `get(name)` (LayerNorm, the cross-entropy and argmax
-had xla_cpu forms until the ablation on BERT-Base showed no win for them):
+`bert_jax.modeling` writes the model in plain JAX/Flax and takes these operations from `get(name)`, a
+`Kernels` record; everything else (LayerNorm, the losses) is the same in every set:
 
-  operation            reference (every backend)                 xla_cpu (`bert_jax.kernels.xla_cpu`)
-  gelu                 jax.nn.gelu(approximate=False), float32   hand-written gradient
-  feed-forward dense   flax Dense's lax.dot_general              kernel gradient from x^T, held apart
-  tied MLM logits      einsum + bias                             hand-written gradient
-  dropout              flax.linen.Dropout (JAX PRNG)             counter-hash mask
-  attention            the model's softmax(q k^T + mask) v       (splash set: Pallas splash attention;
-                                                                  gpu set: cuDNN fused attention)
+  operation            reference (every backend)                 other sets
+  gelu                 jax.nn.gelu(approximate=False), float32   xla_cpu, tpu, splash: hand-written gradient
+  feed-forward dense   flax Dense's lax.dot_general              xla_cpu: kernel gradient from x^T, held apart
+  tied MLM logits      einsum + bias                             xla_cpu: hand-written gradient
+  dropout              flax.linen.Dropout (JAX PRNG)             xla_cpu: counter-hash mask
+  attention            the model's softmax(q k^T + mask) v       splash: Pallas splash attention (TPU);
+                                                                 gpu: cuDNN fused attention
 
-The "tpu" set (`bert_jax.kernels.tpu`) is the reference with xla_cpu's GELU, the one kernel that also
-gives the TPU a lighter program (benchmarks/aot_kernels.py). The "splash" set (`bert_jax.kernels.splash`) is
-the tpu set with Pallas splash attention (segment ids, under shard_map), for TPU runs without
-attention-probability dropout; only chosen by name. The "gpu" set (`bert_jax.kernels.gpu`) is the reference
-with cuDNN's fused attention where cuDNN takes the layer (bfloat16 / float16, no attention dropout;
-`Kernels.attention_applies`) and the reference attention elsewhere. "auto" is "xla_cpu" when compiling for
-the CPU, "tpu" for a TPU, "gpu" for a GPU, and "reference" for any other platform. Each kernel is tested against its
-reference form (value and gradient, float32 and bfloat16, tests/test_kernels.py) and stays only while it
-wins where it runs (benchmarks/train_step.py --ablate on the CPU, benchmarks/aot_kernels.py on TPUs).
+Sets:
+  reference  the plain forms (`bert_jax.kernels.reference`); the truth every other set is tested against.
+  xla_cpu    forms written for XLA's CPU backend (`bert_jax.kernels.xla_cpu`).
+  tpu        the reference with xla_cpu's GELU (`bert_jax.kernels.tpu`).
+  splash     the tpu set with Pallas splash attention (`bert_jax.kernels.splash`), for TPU runs without
+             attention-probability dropout (the model raises ValueError otherwise); only chosen by name.
+  gpu        the reference with cuDNN's fused attention where cuDNN takes the layer (bfloat16 / float16, no
+             attention dropout: `Kernels.attention_applies`), the reference attention elsewhere
+             (`bert_jax.kernels.gpu`).
+  auto       "xla_cpu" when compiling for the CPU, "tpu" for a TPU, "gpu" for a GPU, "reference" for any
+             other platform.
+
+Every kernel has its reference form's value and gradient (float32 and bfloat16, tests/test_kernels.py).
+The measurements behind each set are in benchmarks/README.md.
 """
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator
 
 KERNELS = ("auto", "reference", "xla_cpu", "tpu", "splash", "gpu")
 
@@ -50,10 +58,6 @@ def resolve(name: str, platform: str | None = None) -> str:
         platform = jax.default_backend()
     return {"cpu": "xla_cpu", "tpu": "tpu", "gpu": "gpu", "cuda": "gpu"}.get(platform, "reference")
 
-
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-from typing import Any, Callable, Iterator  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
