@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import (checkpointing, distributed, engine, flops, initialisation, losses, modeling, sharding,
+from bert_jax import (checkpointing, distributed, engine, errors, flops, initialisation, losses, modeling, sharding,
                       storage, summaries)
 from bert_jax.data import stream as data_stream
 
@@ -86,6 +86,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
         if end <= start:
             raise ValueError(f"config.phases[{i}] gets no steps (fraction {p.fraction} of total_steps="
                              f"{config.total_steps})")
+        if p.batch_size < 1:
+            raise ValueError(f"config.phases[{i}].batch_size={p.batch_size} must be at least 1")
         if p.max_seq_length > config.model.max_position_embeddings:
             raise ValueError(f"config.phases[{i}].max_seq_length={p.max_seq_length} exceeds "
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
@@ -422,6 +424,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
+    storage.check_output_dir(workdir, "--workdir")
     mesh = engine.make_mesh(config.mesh)
     recipe, (config, init) = config.model, initialisation.pretraining_source(config, workdir)
     phases = validate(config, mesh)
@@ -618,8 +621,8 @@ def main(argv):
     try:
         distributed.initialize_from_flags()
         metrics = train_and_evaluate(configs.mark_explicit_model_fields(f.config), f.workdir, max_steps=f.max_steps)
-    except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
-        raise SystemExit(f"train: {e}") from None
+    except errors.USER_ERRORS as e:
+        raise errors.exit_with("train", e) from None
     if jax.process_index() == 0:
         print(json.dumps(metrics))
     return 0
