@@ -149,13 +149,13 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     length and predictions (when given) and its vocabulary size, and its shards present and complete (so
     that phase 2's or the eval's data fail at the start, not at their first use). One-line
     FileNotFoundError / ValueError."""
-    from bert_jax.data import document_shards, pipeline
+    from bert_jax.data import document_shards, pipeline, pretraining
 
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
                                 "(run python -m bert_jax.data.create_pretraining_data first)")
-    meta = storage.read_json(meta_file)
+    meta = pretraining.read_metadata(data_dir)
     if meta.get("vocab_size", 0) > config.model.vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
                          f"config.model.vocab_size={config.model.vocab_size}")

@@ -28,8 +28,8 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(\s+)(?=[\"'(\[]?[A-Z0-9])")
 _WIKITEXT_TITLE = re.compile(r"^ ?= [^=].* = ?$")
 _WIKITEXT_MARK = re.compile(r" ?@([-,.])@ ?")  # "1 @,@ 000" -> "1,000", "well @-@ known" -> "well-known"
 # A file is refused as not text when more than this share of its lines are not UTF-8 or hold a NUL byte
-# (executables and compressed files: 2/3 and more; a text file with a few stray bytes: a few percent).
-MAX_BAD_LINE_SHARE = 0.25
+# (executables, images and compressed files: 2/3 and more; a text file with a few stray bytes: a few percent).
+MAX_BAD_LINE_SHARE = 0.5
 CHECK_LINES = 1000  # the share is checked after this many lines of a file (fail fast), then at its end
 
 
@@ -201,6 +201,8 @@ def read_squad_documents(files: Sequence[str], stats: ReadStats) -> Iterator[lis
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             paragraphs = [p["context"] for article in data["data"] for p in article["paragraphs"]]
+            if not all(isinstance(context, str) for context in paragraphs):
+                raise TypeError("a context that is not a string")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a SQuAD JSON file ({type(e).__name__}: {e})") from None
         for context in paragraphs:

@@ -53,7 +53,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from bert_jax import storage
-from bert_jax.data import corpus
+from bert_jax.data import corpus, document_shards
 
 METADATA_NAME = "metadata.json"
 FORMAT_VERSION = 1
@@ -538,11 +538,45 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
 
 
 def read_metadata(path: str) -> dict:
-    """metadata.json of an instances directory; FileNotFoundError when the output is incomplete."""
+    """metadata.json of a create_pretraining_data output directory (static instances, or tokenized documents),
+    with the fields its readers use checked present and of the right type: shards (file names), and
+    num_instances and flags.max_seq_length / max_predictions_per_seq (instances), or shard_documents (one
+    count per shard) and num_documents, their sum (documents).
+
+    Raises:
+      FileNotFoundError: no metadata.json (the output is incomplete).
+      ValueError: not UTF-8 JSON, not an object, or a field missing or wrong (one line naming the file and
+        the field).
+    """
     meta_file = storage.join(path, METADATA_NAME)
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{path}: no {METADATA_NAME} (not a complete create_pretraining_data output)")
-    return storage.read_json(meta_file)
+    metadata = storage.read_json(meta_file)
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{meta_file}: holds a JSON {type(metadata).__name__}, not an object")
+
+    def check(mapping: dict, name: str, ok, want: str):
+        if not ok(mapping.get(name)):
+            raise ValueError(f"{meta_file}: {name} is {mapping.get(name)!r}, not {want}")
+
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if "vocab_size" in metadata:
+        check(metadata, "vocab_size", count, "a count")
+    check(metadata, "shards", lambda v: isinstance(v, list) and v and all(
+        isinstance(s, str) and s and os.path.basename(s) == s for s in v), "a list of shard file names")
+    if document_shards.is_documents(metadata):
+        check(metadata, "shard_documents", lambda v: isinstance(v, list) and len(v) == len(metadata["shards"])
+              and all(count(n) for n in v), f"{len(metadata['shards'])} document counts, one per shard")
+        check(metadata, "num_documents", lambda v: count(v) and v == sum(metadata["shard_documents"]),
+              "the sum of shard_documents")
+    else:
+        check(metadata, "num_instances", count, "a count")
+        check(metadata, "flags", lambda v: isinstance(v, dict), "an object")
+        check(metadata["flags"], "max_seq_length", lambda v: count(v) and v >= 2, "a length of 2 or more")
+        check(metadata["flags"], "max_predictions_per_seq", count, "a count")
+    return metadata
 
 
 def iterate_instances(path: str) -> Iterator[dict[str, np.ndarray]]:
@@ -578,8 +612,6 @@ def masked_token_log_prior(path: str, vocab_size: int, max_instances: int = 50_0
       FileNotFoundError: not a complete create_pretraining_data output.
       ValueError: a target id >= vocab_size (instances built with another vocabulary).
     """
-    from bert_jax.data import document_shards
-
     counts = np.zeros(vocab_size, np.float64)
     metadata = read_metadata(path)
     if document_shards.is_documents(metadata):  # the tokens' unigram distribution
