@@ -86,8 +86,10 @@ class BertConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"BertConfig.{name} must be positive, got {value}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value < float("inf") or (

@@ -32,12 +32,14 @@ _JUNK = [b"\x00", b"\xff", b"\xfe\xff", b"\xc3", b"\xe2\x82", b"\xef\xbb\xbf", b
 
 
 def random_json(rnd, depth: int = 0):
-    """A random JSON value of any type (nested to depth 2)."""
+    """A random JSON value of any type (containers nested at most 2 deep)."""
     kind = rnd.randrange(8 if depth < 2 else 6)
-    return [None, rnd.random() < 0.5, rnd.randint(-2**40, 2**40), rnd.choice([0.5, -1.0, float("nan"), float("inf"), 1e300]),
-            rnd.choice(WORDS), rnd.choice(WORDS) * 2,
-            [random_json(rnd, depth + 1) for _ in range(rnd.randrange(3))],
-            {rnd.choice(WORDS): random_json(rnd, depth + 1) for _ in range(rnd.randrange(3))}][kind]
+    if kind == 6:
+        return [random_json(rnd, depth + 1) for _ in range(rnd.randrange(3))]
+    if kind == 7:
+        return {rnd.choice(WORDS): random_json(rnd, depth + 1) for _ in range(rnd.randrange(3))}
+    return [None, rnd.random() < 0.5, rnd.randint(-2**40, 2**40),
+            rnd.choice([0.5, -1.0, float("nan"), float("inf"), 1e300]), rnd.choice(WORDS), rnd.choice(WORDS) * 2][kind]
 
 
 def corrupt_bytes(rnd, data: bytes) -> bytes:
