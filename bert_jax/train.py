@@ -73,7 +73,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     """Turns `config.phases` fractions into step ranges; the last phase ends at total_steps.
 
     Raises:
-      ValueError: no phase, fractions not summing to 1, or a phase longer than max_position_embeddings.
+      ValueError: no phase, fractions not summing to 1, a batch size below 1, or a phase longer than
+        max_position_embeddings.
     """
     if not config.phases:
         raise ValueError("config.phases is empty")
