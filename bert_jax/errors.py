@@ -2,7 +2,7 @@
 `<command>: <message>` on stderr, exit status 1, no traceback.
 
 Every `python -m bert_jax...` entry point catches `USER_ERRORS` around its work and raises
-`exit_with(command, error)`. Readers and jobs raise these types with a message that names the input
+`exit_with(command, error)` (or prints its message and returns 1, where main returns a status). Readers and jobs raise these types with a message that names the input
 (file, line, flag or config field) and what is wrong with it; any other exception is a defect and
 keeps its traceback.
 """
