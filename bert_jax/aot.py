@@ -28,7 +28,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import checkpointing, engine, flops, kernels, sharding, train  # noqa: E402
+from bert_jax import checkpointing, engine, errors, flops, kernels, sharding, train  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +112,17 @@ def report(config, topology_name: str) -> bool:
     """Prints the per-phase table; True when every phase fits in HBM.
 
     Raises:
-      ValueError: (one line) an unknown config.mesh.preset, a mesh that does not fit the topology's
+      ValueError: (one line) not a pre-training config (a fine-tuning recipe), an unknown config.mesh.preset, a mesh that does not fit the topology's
         devices, or a bad model / phase config; the errors of `compile_phase`.
       KeyError: `topology_name` is not in TOPOLOGIES (`main` checks it first).
       ImportError: libtpu is not installed (checked first: jax would raise a RuntimeError later).
     """
     import importlib.util
 
+    missing = [k for k in ("phases", "mesh", "model", "total_steps") if k not in config]
+    if missing or "preset" not in config.mesh:
+        raise ValueError(f"--config is not a pre-training config (it lacks {', '.join(missing) or 'mesh.preset'}): "
+                         "aot compiles pre-training recipes, e.g. --config pretrain:base")
     if importlib.util.find_spec("libtpu") is None:
         raise ImportError("libtpu is not installed, so there is no TPU compiler")
 
@@ -174,8 +178,8 @@ def main(argv):
         ok = report(f.config, f.topology)
     except ImportError as e:
         raise SystemExit(f"aot: {e} (install libtpu: pip install 'libtpu==0.0.42.*')") from None
-    except ValueError as e:
-        raise SystemExit(f"aot: {e}") from None
+    except errors.USER_ERRORS as e:
+        raise errors.exit_with("aot", e) from None
     sys.exit(0 if ok else 1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from typing import Any, Callable, Mapping
 
 import jax
@@ -59,7 +60,8 @@ class BertConfig:
     Raises:
       ValueError: at construction, for hidden_size not divisible by num_attention_heads, an unknown
         hidden_act, remat_policy or kernels, a dtype or param_dtype that is not a floating-point dtype name,
-        or a non-positive size.
+        a size that is not a positive integer, a dropout probability outside [0, 1], initializer_range or
+        layer_norm_eps that is not a non-negative number, or scan_layers that is not a bool.
     """
 
     vocab_size: int = 30522
@@ -83,8 +85,22 @@ class BertConfig:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"BertConfig.{name} must be positive, got {value}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value < float("inf") or (
+                    name.endswith("_prob") and value > 1):
+                raise ValueError(f"BertConfig.{name} must be a {'probability' if name.endswith('_prob') else 'number'}"
+                                 f"{' in [0, 1]' if name.endswith('_prob') else ' >= 0'}, got {value!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"BertConfig.scan_layers must be true or false, got {self.scan_layers!r}")
+        for name in ("hidden_act", "remat_policy", "kernels"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"BertConfig.{name} must be a string, got {getattr(self, name)!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
                              f"num_attention_heads={self.num_attention_heads}")
@@ -108,36 +124,37 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], **overrides) -> "BertConfig":
+    def from_dict(cls, values: Mapping[str, Any], *, source: str | None = None, **overrides) -> "BertConfig":
         """Builds a config from a `bert_config.json` / Hugging Face `config.json` mapping.
 
         Unknown keys (e.g. `architectures`, `model_type`, `pad_token_id`) are ignored; `overrides`
-        replace fields (e.g. `dtype="bfloat16"`).
+        replace fields (e.g. `dtype="bfloat16"`); `source` (a file) is named in the errors.
 
         Raises:
-          ValueError: a value the constructor rejects (see the class), or a size that `int()` cannot
-            parse (e.g. "x").
-          TypeError: an override that is not a BertConfig field, or a size that `int()` cannot take
-            (e.g. None).
+          ValueError: a value the constructor rejects (see the class); with `source`, also what would be a
+            TypeError, as one line `<source>: <message>`.
+          TypeError: an override that is not a BertConfig field (without `source`).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
         kwargs.update(overrides)
-        return cls(**kwargs)
+        if source is None:
+            return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{source}: {e}") from None
 
     @classmethod
     def from_json_file(cls, path: str, **overrides) -> "BertConfig":
-        """Reads a `bert_config.json` (or Hugging Face `config.json`) file; `overrides` as `from_dict`.
+        """Reads a `bert_config.json` (or Hugging Face `config.json`) file (`read_json`); `overrides` as
+        `from_dict`.
 
         Raises:
           FileNotFoundError: no file at `path` (other `OSError`s as `open`).
-          ValueError: the file is not UTF-8 (`UnicodeDecodeError`) or not JSON (`json.JSONDecodeError`);
-            the errors of `from_dict`.
-          TypeError: as `from_dict`.
-          AttributeError: JSON whose top level is not an object.
+          ValueError: as `read_json`, and a value the constructor rejects (one line naming the file).
         """
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f), **overrides)
+        return cls.from_dict(read_json(path), source=path, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         """The twelve `bert_config.json` fields, as a plain dict."""
@@ -146,3 +163,20 @@ class BertConfig:
     def replace(self, **changes) -> "BertConfig":
         """A copy with `changes` applied, validated again (raises as the constructor; TypeError: not a field)."""
         return dataclasses.replace(self, **changes)
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """The JSON object of a `bert_config.json` / Hugging Face `config.json` file, not yet checked.
+
+    Raises:
+      FileNotFoundError: no file at `path` (other `OSError`s as `open`).
+      ValueError: the file is not UTF-8 JSON, or its top level is not an object (one line naming the file).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: holds a JSON {type(values).__name__}, not an object of BERT config fields")
+    return values

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig
+from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig, read_json
 from bert_jax.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification)
 from bert_jax.modeling import BertForPreTraining
@@ -229,11 +229,7 @@ def _read_config(path: str, overrides: Mapping[str, Any], name: str = CONFIG_NAM
     config_file = os.path.join(path, name)
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{config_file}: no {name} in the {kind}")
-    try:
-        with open(config_file, encoding="utf-8") as f:
-            values = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config_file}: not valid JSON ({e})") from None
+    values = read_json(config_file)
     model_type = values.get("model_type", "bert")
     if model_type != "bert":
         raise ValueError(f"{config_file}: model_type {model_type!r} is not a BERT model")
@@ -243,7 +239,7 @@ def _read_config(path: str, overrides: Mapping[str, Any], name: str = CONFIG_NAM
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"{config_file}: position_embedding_type {values['position_embedding_type']!r} "
                          "is not supported (only 'absolute', as the original BERT)")
-    return BertConfig.from_dict(values, **overrides)
+    return BertConfig.from_dict(values, source=config_file, **overrides)
 
 
 def _hf_architecture(path: str) -> str | None:

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 
-from bert_jax import checkpointing, convert, initialisation, storage
+from bert_jax import checkpointing, convert, errors, initialisation, storage
 
 
 def _model_defaults() -> dict:
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise FileNotFoundError(f"--input={args.input!r}: no Hugging Face directory (config.json)")
             fresh = to_checkpoint(args.input, args.output_dir, field="--input")
             print(f"{args.output_dir}: bert_jax checkpoint" + (f" (not in the source: {fresh[0]})" if fresh else ""))
-    except (ValueError, OSError, ImportError) as e:
-        print(f"convert: {e}", file=sys.stderr)
+    except (*errors.USER_ERRORS, ImportError) as e:
+        print(errors.exit_with("convert", e).code, file=sys.stderr)
         return 1
     return 0

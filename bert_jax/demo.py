@@ -36,6 +36,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags, logging  # noqa: E402
+from bert_jax import errors  # noqa: E402  (imports no jax)
 
 _CORPUS = flags.DEFINE_string("corpus", None, "Corpus in the original BERT format (default: pydoc_data.topics and "
                               "the training text of the tasks found).")
@@ -151,6 +152,9 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
     sst2_dir = find_sst2(glue_dir)
     if corpus is not None:
         check_corpus(corpus)
+    from bert_jax import storage
+
+    storage.check_output_dir(workdir, "--workdir")
     if os.path.isdir(workdir) and os.listdir(workdir):
         if not os.path.isfile(os.path.join(workdir, "summary.json")) and \
                 not os.path.isdir(os.path.join(workdir, "pretrain")):
@@ -162,7 +166,7 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
 
     import jax
 
-    from bert_jax import experiment, storage, summaries, train
+    from bert_jax import experiment, summaries, train
     from bert_jax.data import tokenization
     from bert_jax.data.vocab import train_vocab
 
@@ -303,8 +307,8 @@ def main(argv):
         run(_CORPUS.value, _WORKDIR.value, squad_dir, glue_dir, _VOCAB_SIZE.value, _TOTAL_STEPS.value,
             _DUPE_FACTOR.value, _SQUAD_TRAIN_EXAMPLES.value, _SQUAD_EVAL_EXAMPLES.value, _RANDOM_BASELINE.value,
             _DYNAMIC.value)
-    except (DemoError, ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"demo: {e}", file=sys.stderr)
+    except (DemoError, *errors.USER_ERRORS) as e:
+        print(errors.exit_with("demo", e).code, file=sys.stderr)
         return 1
     return 0
 

@@ -55,7 +55,7 @@ import optax
 from absl import app, flags, logging
 from etils import epath
 
-from bert_jax import engine, initialisation, modeling, sharding, storage
+from bert_jax import engine, errors, initialisation, modeling, sharding, storage
 from bert_jax.data.glue import truncate_seq_pair
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune
@@ -400,8 +400,8 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> in
         values = extract(f.init_checkpoint, features, f.layers, init=init, batch_size=f.batch_size,
                          max_seq_length=f.max_seq_length, num_devices=f.num_devices)
         count = write_features(f.output_file, features, values, layers, f.output_format, f.concat_layers)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"extract_features: {e}") from None
+    except errors.USER_ERRORS as e:
+        raise errors.exit_with("extract_features", e) from None
     print(f"wrote features of {count} examples to {f.output_file}")
     return 0
 

@@ -67,8 +67,41 @@ def makedirs(path: str | os.PathLike) -> None:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The UTF-8 text of `path`. Raises FileNotFoundError when it does not exist."""
-    return epath.Path(path).read_text(encoding="utf-8")
+    """The UTF-8 text of `path`.
+
+    Raises:
+      FileNotFoundError: it does not exist (other OSErrors as `open`, e.g. IsADirectoryError).
+      ValueError: it is not UTF-8 text (one line naming the file and the offset of the first bad byte).
+    """
+    try:
+        return epath.Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def check_output_dir(path: str | os.PathLike, name: str) -> None:
+    """Checks, before anything is written, that the directory `path` (the flag or field `name`) can be
+    created or used: locally, it is a directory or does not exist, and its nearest existing parent is a
+    writable directory. URIs are not checked (their stores create prefixes on write).
+
+    Raises:
+      ValueError: empty `path` (one line naming `name`).
+      NotADirectoryError: `path`, or the parent it would be created in, is not a directory.
+      PermissionError: the directory it would be created in is not writable.
+    """
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(f"{name} is empty")
+    if is_remote(path):
+        return
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is" if existing == os.path.abspath(path) else f"is inside {existing}, which is"
+        raise NotADirectoryError(f"{name}={path!r} {what} not a directory")
+    if existing != os.path.abspath(path) and not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name}={path!r}: cannot create it in {existing} (not writable)")
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -115,22 +148,29 @@ def write_json(path: str | os.PathLike, value: Any) -> None:
 
 
 def staging_dir(output_dir: str | os.PathLike) -> str:
-    """A new local directory to build an output directory's files in: inside `output_dir` (created) for a
-    local one, so that `publish` renames; a temporary local directory for a URI, so that `publish` uploads.
-    The caller removes it when done (`shutil.rmtree`)."""
+    """A new local directory to build an output directory's files in: for a local one, a hidden directory
+    in its nearest existing parent (the same file system, so that `publish` renames; `output_dir` itself is
+    created only by `publish`, so a run that fails first leaves nothing behind); a temporary local
+    directory for a URI, so that `publish` uploads. The caller removes it when done (`shutil.rmtree`).
+
+    Raises:
+      NotADirectoryError, PermissionError: as `check_output_dir`.
+    """
     if is_remote(output_dir):
         return tempfile.mkdtemp(prefix="bert_jax-staging-")
-    os.makedirs(output_dir, exist_ok=True)
-    work = os.path.join(output_dir, f".work-{os.getpid()}")
-    os.makedirs(work, exist_ok=True)
-    return work
+    check_output_dir(output_dir, "output directory")
+    parent = os.path.abspath(output_dir)
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    return tempfile.mkdtemp(prefix=".bert_jax-staging-", dir=parent)
 
 
 def publish(work: str, output_dir: str | os.PathLike, names: Sequence[str]) -> None:
-    """Moves the files `names` of the staging directory `work` into `output_dir`, one at a time and each
-    whole: renamed locally (atomic), uploaded to a URI (an object appears only once its upload completes).
+    """Moves the files `names` of the staging directory `work` into `output_dir` (created if missing), one
+    at a time and each whole: renamed locally (atomic), uploaded to a URI (an object appears only once its upload completes).
     Write metadata.json after this, so that an interrupted publish never looks finished."""
     if not is_remote(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
         for name in names:
             os.replace(os.path.join(work, name), os.path.join(output_dir, name))
         return

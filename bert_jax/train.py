@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import (checkpointing, distributed, engine, flops, initialisation, losses, modeling, sharding,
+from bert_jax import (checkpointing, distributed, engine, errors, flops, initialisation, losses, modeling, sharding,
                       storage, summaries)
 from bert_jax.data import stream as data_stream
 
@@ -73,7 +73,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     """Turns `config.phases` fractions into step ranges; the last phase ends at total_steps.
 
     Raises:
-      ValueError: no phase, fractions not summing to 1, or a phase longer than max_position_embeddings.
+      ValueError: no phase, fractions not summing to 1, a batch size below 1, or a phase longer than
+        max_position_embeddings.
     """
     if not config.phases:
         raise ValueError("config.phases is empty")
@@ -86,6 +87,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
         if end <= start:
             raise ValueError(f"config.phases[{i}] gets no steps (fraction {p.fraction} of total_steps="
                              f"{config.total_steps})")
+        if p.batch_size < 1:
+            raise ValueError(f"config.phases[{i}].batch_size={p.batch_size} must be at least 1")
         if p.max_seq_length > config.model.max_position_embeddings:
             raise ValueError(f"config.phases[{i}].max_seq_length={p.max_seq_length} exceeds "
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
@@ -153,7 +156,7 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
                                 "(run python -m bert_jax.data.create_pretraining_data first)")
-    meta = storage.read_json(meta_file)
+    meta = formats.read_metadata(data_dir)
     if meta.get("vocab_size", 0) > config.model.vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
                          f"config.model.vocab_size={config.model.vocab_size}")
@@ -422,6 +425,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
+    storage.check_output_dir(workdir, "--workdir")
     mesh = engine.make_mesh(config.mesh)
     recipe, (config, init) = config.model, initialisation.pretraining_source(config, workdir)
     phases = validate(config, mesh)
@@ -618,8 +622,8 @@ def main(argv):
     try:
         distributed.initialize_from_flags()
         metrics = train_and_evaluate(configs.mark_explicit_model_fields(f.config), f.workdir, max_steps=f.max_steps)
-    except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
-        raise SystemExit(f"train: {e}") from None
+    except errors.USER_ERRORS as e:
+        raise errors.exit_with("train", e) from None
     if jax.process_index() == 0:
         print(json.dumps(metrics))
     return 0

@@ -139,7 +139,7 @@ def test_cli(tmp_path, data_dir):
     missing = tmp_path / "missing.txt"
     run = _cli(f"--input_file={tmp_path / 'nothing-*.txt'}", "--vocab_size=500", f"--output_file={missing}")
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1] == f"error: --input_file: '{tmp_path / 'nothing-*.txt'}' matches no file"
+    assert run.stderr.strip().splitlines()[-1] == f"vocab: --input_file: '{tmp_path / 'nothing-*.txt'}' matches no file"
     assert not missing.exists()
 
 

@@ -49,14 +49,26 @@ def mark_explicit_model_fields(config):
 
 def define_flag(help_string: str):
     """Defines `--config` (ml_collections' config-file flag, `--config.x.y=value` overrides) taking a recipe
-    name (`resolve`) or a config file path -> the flag holder."""
+    name (`resolve`) or a config file path -> the flag holder.
+
+    A recipe or file that cannot be loaded (no such file, an unknown recipe argument, any error of its
+    `get_config`) ends the command with one line `--config=<value>: <the error's message>` (SystemExit,
+    exit status 1), not absl's flag error with the traceback ml_collections puts in it.
+    """
     from absl import flags
     from ml_collections import config_flags
     from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
     class _RecipeParser(ConfigFileFlagParser):
         def parse(self, path):
-            return super().parse(resolve(path))
+            resolved = resolve(path)
+            if not os.path.isfile(resolved.split(":", 1)[0]):
+                raise SystemExit(f"--config={path}: no such recipe or config file (recipes: {', '.join(NAMES)})")
+            try:
+                return super().parse(resolved)
+            except Exception as e:  # noqa: BLE001  ml_collections re-raises with the traceback as the message
+                lines = [line for line in str(e).splitlines() if line.strip()]
+                raise SystemExit(f"--config={path}: {lines[-1].strip() if lines else type(e).__name__}") from None
 
     holder = config_flags.DEFINE_config_file("config", None, help_string)
     flags.FLAGS["config"].parser = _RecipeParser(name="config")

@@ -2,7 +2,10 @@
 WikiText, and the unlabelled text of task training files (SQuAD contexts, GLUE sentences).
 
 Documents are yielded as lists of sentence strings, streaming (one document in memory at a time).
-Lines that are not valid UTF-8 are skipped and counted (`ReadStats`), never silently dropped.
+Lines that are not valid UTF-8 or hold a NUL byte are skipped and counted (`ReadStats`), never silently
+dropped; a file where they are more than MAX_BAD_LINE_SHARE of the lines (of its first CHECK_LINES lines,
+and of the whole file) is not text (a binary file, UTF-16) and is refused with a one-line ValueError
+naming it and the share (`text_lines`).
 
 Task text as pre-training text: only a task's *training* files may be read this way (in-domain text,
 as task-adaptive pre-training; Gururangan et al. 2020, "Don't Stop Pretraining"), never its dev or
@@ -26,6 +29,10 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(\s+)(?=[\"'(\[]?[A-Z0-9])")
 # WikiText: article titles " = Title = " (sections have two or more "="), and its tokenised number marks.
 _WIKITEXT_TITLE = re.compile(r"^ ?= [^=].* = ?$")
 _WIKITEXT_MARK = re.compile(r" ?@([-,.])@ ?")  # "1 @,@ 000" -> "1,000", "well @-@ known" -> "well-known"
+# A file is refused as not text when more than this share of its lines are not UTF-8 or hold a NUL byte
+# (executables, images and compressed files: 2/3 and more; a text file with a few stray bytes: a few percent).
+MAX_BAD_LINE_SHARE = 0.5
+CHECK_LINES = 1000  # the share is checked after this many lines of a file (fail fast), then at its end
 
 
 def split_sentences(text: str) -> list[str]:
@@ -62,29 +69,64 @@ def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
 
 @dataclasses.dataclass
 class ReadStats:
-    """Counts of what reading skipped (documented skips, never silent)."""
+    """Counts of what reading skipped (documented skips, never silent).
+
+    Attributes:
+      lines: lines read.
+      invalid_utf8_lines: lines skipped as not UTF-8 or holding a NUL byte.
+      empty_sentences: sentences left out as empty.
+    """
 
     lines: int = 0
     invalid_utf8_lines: int = 0
     empty_sentences: int = 0
 
 
-def _blocks(path: str, stats: ReadStats) -> Iterator[list[str]]:
-    """Runs of non-blank lines (stripped) of one file; lines that are not UTF-8 are counted, skipped."""
-    block: list[str] = []
+def _check_text(path: str, lines: int, bad: int) -> None:
+    if bad and bad > MAX_BAD_LINE_SHARE * lines:
+        raise ValueError(f"{path}: not text: {bad} of {'its' if lines < CHECK_LINES else 'the first'} {lines} lines "
+                         f"({100 * bad / lines:.0f}%) are not UTF-8 or hold NUL bytes")
+
+
+def text_lines(path: str, stats: ReadStats) -> Iterator[str]:
+    """The lines of one file, decoded as UTF-8 (line endings kept); lines that are not UTF-8 or hold a NUL
+    byte are skipped and counted in `stats.invalid_utf8_lines`.
+
+    Raises:
+      FileNotFoundError (and other OSErrors of `open`): the file cannot be read.
+      ValueError: not text: more than MAX_BAD_LINE_SHARE of its first CHECK_LINES lines, or of all its
+        lines, are skipped (one line naming the file and the share; raised at that point of the stream).
+    """
+    lines = bad = 0
     with open(path, "rb") as f:
         for raw in f:
             stats.lines += 1
+            lines += 1
             try:
-                line = raw.decode("utf-8").strip()
+                line = None if b"\0" in raw else raw.decode("utf-8")
             except UnicodeDecodeError:
+                line = None
+            if line is None:
                 stats.invalid_utf8_lines += 1
-                continue
-            if line:
-                block.append(line)
-            elif block:
-                yield block
-                block = []
+                bad += 1
+            if lines == CHECK_LINES:
+                _check_text(path, lines, bad)
+            if line is not None:
+                yield line
+    _check_text(path, lines, bad)
+
+
+def _blocks(path: str, stats: ReadStats) -> Iterator[list[str]]:
+    """Runs of non-blank lines (stripped) of one file (`text_lines`: lines that are not text are counted,
+    skipped; a file that is not text raises ValueError)."""
+    block: list[str] = []
+    for line in text_lines(path, stats):
+        line = line.strip()
+        if line:
+            block.append(line)
+        elif block:
+            yield block
+            block = []
     if block:
         yield block
 
@@ -161,6 +203,8 @@ def read_squad_documents(files: Sequence[str], stats: ReadStats) -> Iterator[lis
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             paragraphs = [p["context"] for article in data["data"] for p in article["paragraphs"]]
+            if not all(isinstance(context, str) for context in paragraphs):
+                raise TypeError("a context that is not a string")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a SQuAD JSON file ({type(e).__name__}: {e})") from None
         for context in paragraphs:

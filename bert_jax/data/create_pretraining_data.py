@@ -17,6 +17,7 @@ import sys
 
 from absl import app, flags
 
+from bert_jax import errors, storage
 from bert_jax.data import corpus, document_shards, pretraining, tokenization
 
 FLAGS = flags.FLAGS
@@ -55,6 +56,7 @@ def main(argv):
     if bool(FLAGS.input_file) == bool(FLAGS.tfds_name):
         raise SystemExit("give exactly one of --input_file and --tfds_name")
     try:
+        storage.check_output_dir(FLAGS.output_dir, "--output_dir")
         tokenizer = tokenization.Tokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
         stats = corpus.ReadStats()
         if FLAGS.tfds_name:
@@ -83,8 +85,8 @@ def main(argv):
             read_stats=stats, progress=True,
             extra_metadata={"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name,
                             "do_lower_case": FLAGS.do_lower_case, "input_format": FLAGS.input_format})
-    except (ValueError, OSError) as e:  # OSError: a missing input, an upload that failed
-        raise SystemExit(f"create_pretraining_data: {e}") from None
+    except errors.USER_ERRORS as e:  # OSError: a missing input, an upload that failed
+        raise errors.exit_with("create_pretraining_data", e) from None
     print(f"wrote {metadata['num_instances']} instances in {len(metadata['shards'])} shard(s) to "
           f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
     return 0

@@ -14,6 +14,8 @@ import os
 import sys
 import urllib.request
 
+from bert_jax import errors
+
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
 SQUAD_FILES = {"1.1": ("train-v1.1.json", "dev-v1.1.json"), "2.0": ("train-v2.0.json", "dev-v2.0.json")}
 
@@ -49,8 +51,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         download_squad(args.output_dir, args.version)
-    except (ValueError, OSError) as e:
-        print(f"download: {e}", file=sys.stderr)
+    except errors.USER_ERRORS as e:
+        print(errors.exit_with("download", e).code, file=sys.stderr)
         return 1
     return 0
 

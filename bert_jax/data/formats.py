@@ -13,6 +13,8 @@ Both directories hold vocab.txt. The record formats are those of `pretraining` a
 
 from __future__ import annotations
 
+import os
+
 import grain
 
 from bert_jax import storage
@@ -26,15 +28,45 @@ COUNTS_NAME = "token_counts.npy"  # int64 [vocab_size]: occurrences of each toke
 
 
 def read_metadata(path: str) -> dict:
-    """The metadata.json of the data directory `path` (local or a URI), as written.
+    """metadata.json of a create_pretraining_data output directory (static instances, or tokenized documents),
+    with the fields its readers use checked present and of the right type: shards (file names), and
+    num_instances and flags.max_seq_length / max_predictions_per_seq (instances), or shard_documents (one
+    count per shard) and num_documents, their sum (documents).
 
     Raises:
-      FileNotFoundError: no metadata.json (not a complete create_pretraining_data output).
+      FileNotFoundError: no metadata.json (the output is incomplete).
+      ValueError: not UTF-8 JSON, not an object, or a field missing or wrong (one line naming the file and
+        the field).
     """
     meta_file = storage.join(path, METADATA_NAME)
     if not storage.is_file(meta_file):
         raise FileNotFoundError(f"{path}: no {METADATA_NAME} (not a complete create_pretraining_data output)")
-    return storage.read_json(meta_file)
+    metadata = storage.read_json(meta_file)
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{meta_file}: holds a JSON {type(metadata).__name__}, not an object")
+
+    def check(mapping: dict, name: str, ok, want: str):
+        if not ok(mapping.get(name)):
+            raise ValueError(f"{meta_file}: {name} is {mapping.get(name)!r}, not {want}")
+
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if "vocab_size" in metadata:
+        check(metadata, "vocab_size", count, "a count")
+    check(metadata, "shards", lambda v: isinstance(v, list) and v and all(
+        isinstance(s, str) and s and os.path.basename(s) == s for s in v), "a list of shard file names")
+    if is_documents(metadata):
+        check(metadata, "shard_documents", lambda v: isinstance(v, list) and len(v) == len(metadata["shards"])
+              and all(count(n) for n in v), f"{len(metadata['shards'])} document counts, one per shard")
+        check(metadata, "num_documents", lambda v: count(v) and v == sum(metadata["shard_documents"]),
+              "the sum of shard_documents")
+    else:
+        check(metadata, "num_instances", count, "a count")
+        check(metadata, "flags", lambda v: isinstance(v, dict), "an object")
+        check(metadata["flags"], "max_seq_length", lambda v: count(v) and v >= 2, "a length of 2 or more")
+        check(metadata["flags"], "max_predictions_per_seq", count, "a count")
+    return metadata
 
 
 def is_documents(metadata: dict) -> bool:

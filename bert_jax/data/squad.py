@@ -87,15 +87,17 @@ def read_squad_examples(path: str, *, is_training: bool, stats: ReadStats | None
         if not isinstance(paragraphs, list):
             raise ValueError(f"SQuAD file {path!r}: data[{a}] has no 'paragraphs' list")
         for p, paragraph in enumerate(paragraphs):
-            try:
-                context, qas = paragraph["context"], paragraph["qas"]
-            except (KeyError, TypeError):
-                raise ValueError(f"SQuAD file {path!r}: data[{a}].paragraphs[{p}] lacks 'context' or 'qas'") from None
+            context, qas = (paragraph.get("context"), paragraph.get("qas")) if isinstance(paragraph, dict) else (0, 0)
+            if not isinstance(context, str) or not isinstance(qas, list):
+                raise ValueError(f"SQuAD file {path!r}: data[{a}].paragraphs[{p}] lacks a 'context' string or a "
+                                 "'qas' list")
             for q, qa in enumerate(qas):
                 try:
-                    qas_id, question = str(qa["id"]), qa["question"]
-                    answers = [(ans["text"], int(ans["answer_start"])) for ans in qa.get("answers", [])]
-                except (KeyError, TypeError, ValueError):
+                    qas_id, question, answers = str(qa["id"]), qa["question"], qa.get("answers", [])
+                    answers = [(ans["text"], int(ans["answer_start"])) for ans in answers]
+                    if not isinstance(question, str) or not all(isinstance(text, str) for text, _ in answers):
+                        raise TypeError
+                except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
                     raise ValueError(f"SQuAD file {path!r}: data[{a}].paragraphs[{p}].qas[{q}] lacks 'id', "
                                      "'question' or a well-formed answer") from None
                 impossible = bool(qa.get("is_impossible", False))

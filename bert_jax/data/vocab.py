@@ -4,8 +4,9 @@ Usage:
   python -m bert_jax.data.vocab --input_file='corpus/gutenberg/*.txt' --vocab_size=8000 \\
       --output_file=vocab.txt [--nodo_lower_case] [--max_sentences=N]
 
-`--input_file` is a comma-separated list of globs; every non-empty line is text (UTF-8, undecodable
-bytes dropped, as the original's `convert_to_unicode`). Prints the statistics as JSON.
+`--input_file` is a comma-separated list of globs; every non-empty line is text (UTF-8; lines that are
+not, or hold NUL bytes, are skipped, and a file with too many of them is refused: `corpus.text_lines`).
+Prints the statistics as JSON.
 
 Method. Google never released its WordPiece trainer; this builds an equivalent vocabulary:
 1. The text goes through the tokenizer's own normalisation and pre-tokenisation
@@ -40,6 +41,7 @@ from typing import Iterator, Sequence
 import sentencepiece as spm
 from absl import app, flags
 
+from bert_jax import errors
 from bert_jax.data import corpus as corpus_files
 from bert_jax.data import tokenization
 
@@ -57,21 +59,21 @@ class _Corpus:
         self.pre_tokenizer = tokenization.pre_tokenizer()
         self.char_counts: collections.Counter[str] = collections.Counter()
         self.lines = self.words = 0
+        self.read_stats = corpus_files.ReadStats()
 
     def _line_batches(self, batch: int = 1000) -> Iterator[list[str]]:
         lines: list[str] = []
         for path in self.files:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if not line.strip():
-                        continue
-                    if self.max_sentences is not None and self.lines >= self.max_sentences:
-                        break
-                    self.lines += 1
-                    lines.append(line)
-                    if len(lines) == batch:
-                        yield lines
-                        lines = []
+            for line in corpus_files.text_lines(path, self.read_stats):
+                if not line.strip():
+                    continue
+                if self.max_sentences is not None and self.lines >= self.max_sentences:
+                    break
+                self.lines += 1
+                lines.append(line)
+                if len(lines) == batch:
+                    yield lines
+                    lines = []
         if lines:
             yield lines
 
@@ -122,7 +124,7 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
       pieces used), unused (filler tokens), vocab_size, seconds, sha256 of the file written.
 
     Raises:
-      ValueError: no input file matches, the corpus has no words, `vocab_size` is too small for the
+      ValueError: no input file matches, a file is not text (`corpus.text_lines`), the corpus has no words, `vocab_size` is too small for the
         special tokens and two entries per character, or a bad argument.
     """
     start = time.perf_counter()
@@ -227,8 +229,8 @@ def main(argv):
     try:
         stats = train_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
                             FLAGS.max_sentences, FLAGS.min_char_count)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"error: {e}") from None
+    except errors.USER_ERRORS as e:
+        raise errors.exit_with("vocab", e) from None
     print(json.dumps(stats))
 
 

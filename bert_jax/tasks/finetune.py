@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, engine, initialisation, modeling, sharding, storage, summaries
+from bert_jax import checkpointing, engine, errors, initialisation, modeling, sharding, storage, summaries
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.engine import TrainState, global_batch
 
@@ -79,9 +79,15 @@ def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Init
 
     Raises:
       the errors of `initialisation.resolve` and `load_tokenizer`;
-      ValueError: config.max_seq_length over the encoder's max_position_embeddings; an architecture field set
+      ValueError: a batch size (config.*_batch_size) below 1 or a negative config.num_train_epochs (checked
+        first); config.max_seq_length over the encoder's max_position_embeddings; an architecture field set
         on the command line that conflicts with the init_checkpoint's (`check_explicit_fields`).
     """
+    for name in sorted(k for k in config.keys() if k.endswith("_batch_size")):
+        if config[name] < 1:
+            raise ValueError(f"config.{name}={config[name]} must be at least 1")
+    if config.get("num_train_epochs", 0) < 0:
+        raise ValueError(f"config.num_train_epochs={config.num_train_epochs} must be non-negative")
     init = initialisation.resolve(config.init_checkpoint, config.model)
     if init.kind != "random":
         initialisation.check_explicit_fields(config, init.config, config.init_checkpoint)
@@ -633,10 +639,11 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
         logging.set_verbosity(logging.WARNING)
         try:
+            storage.check_output_dir(flags.FLAGS.workdir, "--workdir")
             distributed.initialize_from_flags()
             metrics = run(configs.mark_explicit_model_fields(flags.FLAGS.config), flags.FLAGS.workdir)
-        except (ValueError, FileNotFoundError, FloatingPointError, checkpointing.CheckpointSaveError) as e:
-            raise SystemExit(f"{name}: {e}") from None
+        except errors.USER_ERRORS as e:
+            raise errors.exit_with(name, e) from None
         if jax.process_index() == 0:
             print(json.dumps(metrics))
 

@@ -162,6 +162,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                            limit=config.max_train_examples) if config.train_file else []
     eval_examples = _read(config.predict_file, is_training=False, what="config.predict_file",
                           limit=config.max_predict_examples) if config.predict_file else []
+    unanswered = [ex.qas_id for ex in eval_examples if not ex.answers]
+    if unanswered and not config.version_2_with_negative:
+        raise ValueError(f"config.predict_file {config.predict_file!r}: {len(unanswered)} question(s) without an "
+                         f"answer (first: id {unanswered[0]!r}); SQuAD v1.1 scoring needs one per question "
+                         "(set config.version_2_with_negative=True for unanswerable questions)")
     mesh = engine.make_mesh(config.mesh)
     model = heads.BertForQuestionAnswering(init.config)
     storage.makedirs(workdir)
