@@ -39,15 +39,13 @@ import optax
 from bert_jax import (checkpointing, distributed, engine, flops, initialisation, losses, modeling, runner,
                       sharding, storage, summaries)
 from bert_jax.data import stream as data_stream
+from bert_jax.engine import TrainState
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                 "masked_lm_weights", "next_sentence_labels")
 # The fields packed rows add (`bert_jax.data.packing`): next_sentence_labels is then [B, K].
 PACKED_FIELDS = ("segment_ids", "position_ids", "next_sentence_positions", "next_sentence_weights")
-
-
-TrainState = engine.TrainState
 
 
 # ----------------------------------------------------------------------------- configuration

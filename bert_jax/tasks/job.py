@@ -1,5 +1,12 @@
 """The plumbing every fine-tuning job shares: its data files, its encoder and vocabulary, the end of the
 run (scores, final checkpoint, run files) and the command line.
+
+Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained encoder, fresh task head):
+whatever `bert_jax.initialisation.resolve` reads (a Hugging Face directory, a google-research/bert
+TensorFlow checkpoint, a bert_jax run or one of its checkpoints; "" for random initialisation), the
+architecture from the source, the compute options and dropout from this job's `config.model`. The
+vocabulary and casing are the source's (its vocab.txt and tokenizer_config.json) unless config.vocab_file /
+config.do_lower_case name them, which must then agree.
 """
 
 from __future__ import annotations
