@@ -249,7 +249,7 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
     config = _config(instances, warmup_steps=0, weight_decay=0.01, learning_rate=1e-3)
     model = train.create_model(config)
     tx, _ = engine.create_optimizer(config)
-    params = jax.jit(lambda: nn.unbox(train._state_init(model, tx, 0)()).params)()
+    params = jax.jit(lambda: nn.unbox(train.state_init(model, tx, 0)()).params)()
     params = jax.tree_util.tree_map(lambda p: p + 1.0, params)  # biases and LayerNorm betas start at 0
     updates, _ = tx.update(jax.tree_util.tree_map(jnp.zeros_like, params), tx.init(params), params)
     flat_p, flat_u = (traverse_util.flatten_dict(t, sep="/") for t in (params, updates))
