@@ -59,7 +59,7 @@ def main():
     model = train.create_model(config)
     tx, _ = engine.create_optimizer(config)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    abstract, _ = train.state_shardings(model, tx, mesh)
+    abstract, _ = engine.state_shardings(train.state_init(model, tx, 0), mesh)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 1000))
     params = jax.tree_util.tree_map(lambda s: 0.02 * jax.random.normal(next(key), s.shape, s.dtype), abstract.params)
     grads = jax.tree_util.tree_map(lambda s: jax.random.normal(next(key), s.shape, s.dtype), abstract.params)

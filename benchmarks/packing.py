@@ -107,7 +107,8 @@ def speed(path: str, length: int, batch_size: int, rounds: int, steps: int):
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = train.create_model(config)
     tx, schedule = engine.create_optimizer(config)
-    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, train.state_shardings(model, tx, mesh)[1])
+    _, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
+    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
     sides = {}
     for packed in (False, True):
         it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,

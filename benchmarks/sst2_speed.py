@@ -10,7 +10,7 @@ lr 2e-5 (--learning_rate), 10% warmup then linear decay, weight decay 0.01 (not 
 LayerNorm), eps 1e-6, clipping at 1.0, dropout 0.1, float32, on the CPU with all its cores; then both
 predict the 872 dev sentences.
 
-  ours   `bert_jax.tasks.glue.run` with bert_jax/configs/glue.py:sst2's dynamic padding (`finetune.Padding`:
+  ours   `bert_jax.tasks.glue.run` with bert_jax/configs/glue.py:sst2's dynamic padding (`batching.Padding`:
          batches padded to their longest sentence rounded up to one of at most --max_length_buckets
          lengths placed on the epoch's batches, multiples of --length_buckets, each saving at least
          --bucket_program_tokens padded tokens; length-grouped batches),
@@ -97,7 +97,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("USE_TF", "0")  # tensorflow is installed (for TFDS): the Trainer must not import its Keras side
 
-from bert_jax import host_malloc  # noqa: E402
+from bert_jax import batching, host_malloc  # noqa: E402
 from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.data.tokenization import Tokenizer  # noqa: E402
 from bert_jax.tasks import finetune, glue  # noqa: E402
@@ -165,9 +165,9 @@ def ours(args, length_buckets: int, learning_rate: float | None = None) -> dict:
     if args.max_train_examples:
         examples = examples[:args.max_train_examples]
     feats = glue_data.convert_examples_to_features(examples, Tokenizer(os.path.join(minilm_dir(), "vocab.txt")), LENGTH)
-    padding = finetune.Padding.from_config(config).placed(feats, BATCH, config.seed, m["train_steps"])
+    padding = batching.Padding.from_config(config).placed(feats, BATCH, config.seed, m["train_steps"])
     m["buckets"] = list(padding.buckets)
-    lengths = [b["input_ids"].shape[1] for b, _, _ in finetune.local_batches(
+    lengths = [b["input_ids"].shape[1] for b, _, _ in batching.local_batches(
         feats, BATCH, seed=config.seed, drop_remainder=True, padding=padding)]
     m["padded_tokens"] = BATCH * sum(lengths)
     m["train_flops"] = train_flops(lengths, query_rows=1)  # heads.BertForSequenceClassification: [CLS] only

@@ -55,10 +55,10 @@ import optax
 from absl import app, flags, logging
 from etils import epath
 
-from bert_jax import engine, errors, initialisation, modeling, sharding, storage
+from bert_jax import batching, engine, errors, initialisation, modeling, sharding, storage
 from bert_jax.data.glue import truncate_seq_pair
 from bert_jax.data.tokenization import Tokenizer
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job, prediction
 
 PAIR_SEPARATOR = "|||"
 OUTPUT_FORMATS = ("json", "npz")
@@ -191,26 +191,21 @@ class _LayerFeatures(nn.Module):
 
 
 def _job_config(init_checkpoint: str, vocab_file: str, do_lower_case: bool | None) -> ml_collections.ConfigDict:
-    """The fields of a fine-tuning config that `initialisation.resolve` / `finetune.load_tokenizer` read."""
+    """The fields of a fine-tuning config that `initialisation.resolve` / `job.load_tokenizer` read."""
     model = ml_collections.ConfigDict(dataclasses.asdict(modeling.BertConfig()))  # compute options: float32
     return ml_collections.ConfigDict(dict(init_checkpoint=init_checkpoint, vocab_file=vocab_file,
                                           do_lower_case=do_lower_case, model=model))
 
 
-def _bucket(length: int, max_seq_length: int) -> int:
-    bucket = _MIN_BUCKET
-    while bucket < length:
-        bucket *= 2
-    return min(bucket, max_seq_length)
-
-
 def _batches(features: Sequence[Feature], rows: int, max_seq_length: int) -> Iterator[tuple[dict, list[Feature]]]:
     """({input_ids, token_type_ids, attention_mask: int32 [rows, bucket]}, the batch's features) per batch
     of features in order; rows past the real ones are padding (all zeros but an attended [PAD] at 0)."""
+    doublings = (_MIN_BUCKET << i for i in range(max_seq_length.bit_length()))
+    buckets = tuple(b for b in doublings if b < max_seq_length) + (max_seq_length,)
     for start in range(0, len(features), rows):
         chunk = list(features[start:start + rows])
-        length = _bucket(max(len(f.tokens) for f in chunk), max_seq_length)
-        arrays = {k: np.zeros((rows, length), np.int32) for k in finetune.INPUT_NAMES}
+        length = int(batching.bucket_of(max(len(f.tokens) for f in chunk), buckets))
+        arrays = {k: np.zeros((rows, length), np.int32) for k in prediction.INPUT_NAMES}
         arrays["attention_mask"][:, 0] = 1  # padding rows attend to one token: no all-masked softmax
         for r, f in enumerate(chunk):
             n = len(f.tokens)
@@ -255,7 +250,7 @@ def extract(init_checkpoint: str, features: Sequence[Feature], layers: str, *, i
     rows = -(-batch_size // ways) * ways
     model = _LayerFeatures(config, indices)
     state, shardings = finetune.create_state(model, optax.identity(), mesh, init, seed=0)
-    step = engine.jit_eval_step(functools.partial(finetune.predict_step, model=model), mesh, shardings.params)
+    step = engine.jit_eval_step(functools.partial(prediction.predict_step, model=model), mesh, shardings.params)
 
     def handed_out(values, chunk):
         values = np.asarray(jax.device_get(values))
@@ -393,10 +388,10 @@ def main(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> in
     try:
         parse_layers(f.layers)  # the syntax, before any work
         examples = read_examples(f.input_file)
-        job = _job_config(f.init_checkpoint, f.vocab_file, f.do_lower_case)
-        init = initialisation.resolve(job.init_checkpoint, job.model, field="--init_checkpoint")
+        config = _job_config(f.init_checkpoint, f.vocab_file, f.do_lower_case)
+        init = initialisation.resolve(config.init_checkpoint, config.model, field="--init_checkpoint")
         layers = parse_layers(f.layers, init.config.num_hidden_layers)  # before the encoder is built
-        features = convert_examples(examples, finetune.load_tokenizer(job, init), f.max_seq_length)
+        features = convert_examples(examples, job.load_tokenizer(config, init), f.max_seq_length)
         values = extract(f.init_checkpoint, features, f.layers, init=init, batch_size=f.batch_size,
                          max_seq_length=f.max_seq_length, num_devices=f.num_devices)
         count = write_features(f.output_file, features, values, layers, f.output_format, f.concat_layers)

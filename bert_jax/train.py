@@ -8,15 +8,17 @@ binds the pre-training loss to it. `build` gives the `Program` a run compiles (`
 one): the state built sharded without ever existing unsharded, and `engine.train_step` with
 `loss_and_metrics` under one jit with `in_shardings`, `out_shardings` and `donate_argnums`, compiled
 once per phase; dropout keys are `fold_in(rng, step)`, so a resumed run draws the same masks. The
-loop (`_train`) is a few named steps of `_Run`: next phase, train step, log, evaluate, save.
+loop is `bert_jax.runner.Runner`'s (as fine-tuning's), given `_Run`'s batches (next phase at a switch)
+and actions (log, evaluate, save, preempted).
 
 Phases (paper, appendix A.2): `config.phases` splits `total_steps` by `fraction`; the learning-rate
 schedule and optimizer state run on across the switch, a checkpoint is written at the switch, and
 each checkpoint stores the phase and its input iterator's position, so a run resumed inside phase 2
 continues phase-2 data where it stopped.
 
-Failure handling: SIGTERM (TPU preemption) -> checkpoint at the next step boundary and a clean exit;
-a non-finite loss -> `FloatingPointError` naming the step, before any checkpoint of that state.
+Failure handling (`runner.Runner`): SIGTERM (TPU preemption) -> checkpoint at the next step boundary and a
+clean exit; a non-finite loss or gradient norm -> `FloatingPointError` naming the step, before any
+checkpoint or evaluation of that state.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
-import signal
 import sys
 from typing import Any, Callable
 
@@ -36,18 +36,16 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import (checkpointing, distributed, engine, errors, flops, initialisation, losses, modeling, sharding,
-                      storage, summaries)
+from bert_jax import (checkpointing, distributed, engine, errors, flops, initialisation, losses, modeling, runner,
+                      sharding, storage, summaries)
 from bert_jax.data import stream as data_stream
+from bert_jax.engine import TrainState
 
 Batch = dict[str, jax.Array]
 BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                 "masked_lm_weights", "next_sentence_labels")
 # The fields packed rows add (`bert_jax.data.packing`): next_sentence_labels is then [B, K].
 PACKED_FIELDS = ("segment_ids", "position_ids", "next_sentence_positions", "next_sentence_weights")
-
-
-TrainState = engine.TrainState
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -180,26 +178,22 @@ def create_model(config: ml_collections.ConfigDict) -> modeling.BertForPreTraini
     return modeling.BertForPreTraining(modeling.BertConfig.from_dict(config.model))
 
 
-def _state_init(model: nn.Module, tx: optax.GradientTransformation, seed: int):
-    """`engine.state_init` of the pre-training model (dummy int32 [1, 8] ids, 2 masked positions)."""
+def state_init(model: nn.Module, tx: optax.GradientTransformation, seed: int) -> Callable[[], TrainState]:
+    """`engine.state_init` of the pre-training model (dummy int32 [1, 8] ids, 2 masked positions): the
+    function `engine.state_shardings` and `engine.create_state` take."""
     ids = jnp.zeros((1, 8), jnp.int32)
     return engine.state_init(model, tx, seed, ids, masked_lm_positions=ids[:, :2])
-
-
-def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                    seed: int = 0) -> tuple[Any, Any]:
-    """(abstract unboxed TrainState, tree of NamedShardings) from the logical axis names, no allocation."""
-    return engine.state_shardings(_state_init(model, tx, seed), mesh)
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                        seed: int, shardings: Any = None, mlm_bias: np.ndarray | None = None) -> tuple[TrainState, Any]:
     """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings
-    (derived with `state_shardings` unless given); `mlm_bias` (float32 [V], e.g. `initial_mlm_bias`)
+    (derived with `engine.state_shardings` unless given); `mlm_bias` (float32 [V], e.g. `initial_mlm_bias`)
     replaces the zero-initialised MLM output bias."""
+    init = state_init(model, tx, seed)
     if shardings is None:
-        _, shardings = state_shardings(model, tx, mesh, seed)
-    state = engine.create_state(_state_init(model, tx, seed), mesh, shardings)
+        _, shardings = engine.state_shardings(init, mesh)
+    state = engine.create_state(init, mesh, shardings)
     if mlm_bias is not None:
         bias_sharding = shardings.params["mlm_output_bias"]
         bias = jax.make_array_from_callback(mlm_bias.shape, bias_sharding, lambda index: mlm_bias[index])
@@ -302,7 +296,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     """
     model = create_model(config)
     tx, schedule = engine.create_optimizer(config)
-    abstract, shardings = state_shardings(model, tx, mesh, config.seed)
+    abstract, shardings = engine.state_shardings(state_init(model, tx, config.seed), mesh)
     sharding.check_divisible(abstract, shardings)
     step, evaluate = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
     return Program(model, tx, schedule, abstract, shardings, step, evaluate)
@@ -335,32 +329,6 @@ def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
-class _Preemption:
-    """SIGTERM -> a flag checked at step boundaries, in a single-process run.
-
-    With several processes the handler is left to JAX: `jax.distributed.initialize` installs the
-    preemption notifier that Orbax's `reached_preemption` consults, and a Python handler would replace it.
-    """
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-        self._installed = False
-
-    def __enter__(self):
-        if jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
-        return self
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
 
 
 def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None,
@@ -420,11 +388,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       ValueError / FileNotFoundError: bad config, mesh or data (before compiling).
       FloatingPointError: a non-finite loss, naming the step.
     """
-    with _Preemption() as preemption:  # from the start: a SIGTERM during restore or compilation counts too
+    with runner.Preemption() as preemption:  # from the start: a SIGTERM during restore or compilation counts too
         return _train(config, workdir, max_steps, preemption)
 
 
-def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption) -> dict[str, float]:
+def _train(config, workdir: str, max_steps: int | None, preemption: runner.Preemption) -> dict[str, float]:
     storage.check_output_dir(workdir, "--workdir")
     mesh = engine.make_mesh(config.mesh)
     recipe, (config, init) = config.model, initialisation.pretraining_source(config, workdir)
@@ -437,36 +405,23 @@ def _train(config, workdir: str, max_steps: int | None, preemption: _Preemption)
                            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
     if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
         initialisation.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
-    run = _Run(config, workdir, mesh, phases, program, max_steps, init)
+    run = _Run(config, workdir, mesh, phases, program, max_steps, init, preemption)
     try:
         with jax.set_mesh(mesh):
-            while run.step < run.final_step:
-                if run.step == run.phase.end:
-                    run.next_phase()
-                metrics = run.train_step()
-                if run.step % config.log_every == 0 or run.step == run.final_step:
-                    run.log(metrics)
-                if config.eval_data_dir and (run.step % config.eval_every == 0 or run.step == run.final_step):
-                    run.evaluate()
-                preempted = run.preempted(preemption)
-                if preempted or run.step % config.checkpoint_every == 0 or run.step == run.final_step:
-                    run.save()
-                if preempted:
-                    print(f"SIGTERM: checkpoint saved at step {run.step}, exiting", file=sys.stderr, flush=True)
-                    break
+            run.runner.run(run.start_state, run.batches())
     finally:
         run.close()
-    return dict(run.logged, step=run.step)  # the metrics of the last log, and where the run stopped
+    return dict(run.logged, step=run.runner.step)  # the metrics of the last log, and where the run stopped
 
 
 class _Run:
-    """One pre-training run's moving parts: state (restored or fresh), phase and its data iterator,
-    checkpointer, summaries, timer, and the previous step's metrics, checked for non-finite values one
-    step late (so the next step is dispatched first) and always before a checkpoint."""
+    """One pre-training run's moving parts for `runner.Runner`: state (restored or fresh), phase and its
+    data iterator, checkpointer, summaries, and the runner's actions (log, evaluate, save, preempted)."""
 
     def __init__(self, config, workdir: str, mesh, phases: list[Phase], program: Program, max_steps: int | None,
-                 init: initialisation.Initialisation | None = None):
+                 init: initialisation.Initialisation | None, preemption: runner.Preemption):
         self.config, self.mesh, self.phases, self.program = config, mesh, phases, program
+        self.preemption = preemption
         self.is_main = jax.process_index() == 0
         self.checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
                                                        max_to_keep=config.keep_checkpoints)
@@ -476,85 +431,68 @@ class _Run:
             state = initial_state(config, program, mesh, init)
         elif self.is_main:
             print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
-        self.state, self.saved = state, {latest}
-        self.step = int(jax.device_get(state.step))
-        self.final_step = min(config.total_steps, max_steps or config.total_steps)
-        self.phase = _phase_at(phases, self.step)
+        self.start_state = state
+        step = int(jax.device_get(state.step))
+        self.phase = _phase_at(phases, step)
         resume = data_state["iterator"] if data_state and data_state["phase"] == self.phase.index else None
         order = None
         if isinstance(resume, dict) and "per_process" in resume:  # packed / dynamic: each process's own state
             resume, order = _packed_resume(resume["per_process"], self.phase, self.is_main)
         self.iterator = iterator(self.phase, config, resume, order)
         self.writer = summaries.open_writer(workdir, self.is_main)
-        self.progress = summaries.progress_bar(self.step, self.final_step, self.is_main, "pre-training")
         self.config_json = json.loads(config.to_json())
         # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
         self.peak_flops = (config.peak_tflops_per_device * 1e12
                            or flops.peak_flops_per_device(mesh.devices.flat[0].device_kind))
-        self.timer = engine.Chrono()
-        self.compiling_step = self.step + 1  # a step that includes compilation, timed out of the throughput
-        self.pending: tuple[int, dict] | None = None  # the previous step's metrics, not yet checked
         self.logged: dict[str, float] = {}
+        self.runner = runner.Runner(
+            step, min(config.total_steps, max_steps or config.total_steps), desc="pre-training",
+            log_every=config.log_every, log=self.log, eval_every=config.eval_every,
+            evaluate=self.evaluate if config.eval_data_dir else None, checkpoint_every=config.checkpoint_every,
+            save=self.save, checkpointed=latest, preempted=self.preempted)
 
-    def next_phase(self) -> None:
-        """At a phase switch: a checkpoint, then the next phase's data (new shapes: the step compiles)."""
-        self.save()
-        self.phase = self.phases[self.phase.index + 1]
-        self.iterator.close()
-        self.iterator = iterator(self.phase, self.config, None)
-        self.compiling_step = self.step + 1
+    def batches(self):
+        """(train step, global batch) per step; at a phase switch, a checkpoint first, then the next
+        phase's data (new shapes: the step compiles)."""
+        while True:
+            if self.runner.step == self.phase.end:
+                self.runner.checkpoint()
+                self.phase = self.phases[self.phase.index + 1]
+                self.iterator.close()
+                self.iterator = iterator(self.phase, self.config, None)
+                self.runner.recompiling()
+            yield self.program.train_step, global_batch(next(self.iterator), self.mesh)
 
-    def train_step(self) -> dict[str, jax.Array]:
-        """Dispatches one step, then checks the previous one's metrics; returns this step's (on device)."""
-        self.state, metrics = self.program.train_step(self.state, global_batch(next(self.iterator), self.mesh))
-        _check_finite(self.pending)
-        self.pending = (self.step, metrics)
-        self.step += 1
-        self.timer.tick()
-        self.progress.update(1)
-        if self.step == self.compiling_step and self.step % self.config.log_every and self.step != self.final_step:
-            self.timer.restart(wait_for=self.state)  # the first step of a process or phase compiled: time from here
-        return metrics
-
-    def log(self, metrics: dict[str, jax.Array]) -> None:
+    def log(self, step: int, values: dict[str, float], lap: engine.Lap) -> dict[str, str]:
         """Writes the step's metrics with the window's throughput (sequences, tokens, MFU) as "train"."""
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        _check_finite((self.step - 1, values))
-        lap, phase = self.timer.lap(), self.phase
+        phase = self.phase
         seqs = lap.examples_per_second(phase.batch_size)
         values.update(sequences_per_second=seqs, tokens_per_second=seqs * phase.max_seq_length)
         if self.peak_flops:
             model_flops = flops.train_flops_per_step(self.program.model.config, phase.batch_size,
                                                      phase.max_seq_length, batch_shapes(phase)["masked_lm_ids"][0][1])
             values["mfu"] = model_flops * lap.steps / lap.seconds / (self.peak_flops * self.mesh.devices.size)
-        self.logged = dict(values, step=self.step, phase=phase.index)
-        summaries.write_scalars(self.writer, self.step, values, "train")
-        self.progress.set_postfix(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
-                                  nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=phase.index)
+        self.logged = dict(values, step=step, phase=phase.index)
+        summaries.write_scalars(self.writer, step, values, "train")
+        return dict(loss=f"{values['loss']:.3f}", mlm_acc=f"{values['mlm_accuracy']:.3f}",
+                    nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=str(phase.index))
 
-    def evaluate(self) -> None:
-        """The held-out metrics of config.eval_data_dir as "eval", out of the timed window."""
-        with self.timer.paused(wait_for=self.state):
-            values = _evaluate(self.program.eval_step, self.state.params, self.config, self.phase, self.mesh)
-        summaries.write_scalars(self.writer, self.step, values, "eval")
+    def evaluate(self, step: int, state: TrainState) -> None:
+        """The held-out metrics of config.eval_data_dir as "eval"."""
+        values = _evaluate(self.program.eval_step, state.params, self.config, self.phase, self.mesh)
+        summaries.write_scalars(self.writer, step, values, "eval")
 
-    def preempted(self, preemption: _Preemption) -> bool:
+    def preempted(self, step: int) -> bool:
         """SIGTERM seen. One process alone may have seen it: on several hosts, Orbax's preemption sync (the
         JAX coordination service) makes all of them agree on the step."""
         if jax.process_count() == 1:
-            return preemption.requested
-        return self.checkpointer.manager.reached_preemption(self.step)
+            return self.preemption.requested
+        return self.checkpointer.manager.reached_preemption(step)
 
-    def save(self) -> None:
-        """Checkpoints the state, phase and data position at the current step (once per step), after
-        checking the last step's metrics, out of the timed window."""
-        _check_finite(self.pending)
-        if self.step in self.saved:
-            return
-        with self.timer.paused(wait_for=self.state):
-            self.checkpointer.save(self.step, self.state, {"phase": self.phase.index, "iterator": self.iterator_state()},
-                                   self.config_json)
-        self.saved.add(self.step)
+    def save(self, step: int, state: TrainState) -> None:
+        """Checkpoints the state, phase and data position at `step`."""
+        self.checkpointer.save(step, state, {"phase": self.phase.index, "iterator": self.iterator_state()},
+                               self.config_json)
 
     def iterator_state(self) -> dict:
         """The data position to checkpoint. A static unpacked stream's state is the same on every process; a
@@ -566,22 +504,11 @@ class _Run:
         return {"per_process": distributed.allgather_json(state)}
 
     def close(self) -> None:
-        self.progress.close()
+        self.runner.close()
         self.iterator.close()
         self.checkpointer.close()
         if self.writer is not None:
             self.writer.close()
-
-
-def _check_finite(pending: tuple[int, dict] | None) -> None:
-    """FloatingPointError naming the step when its loss or gradient norm is not finite."""
-    if pending is None:
-        return
-    step, metrics = pending
-    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise FloatingPointError(f"non-finite loss {loss} (gradient norm {grad_norm}) at step {step}; "
-                                 "the last checkpoint is kept")
 
 
 def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:

@@ -33,7 +33,8 @@ def _config(instances, total_steps=6):
 
 def _abstract_state(config):
     mesh = engine.make_mesh(config.mesh)
-    abstract, shardings = train.state_shardings(train.create_model(config), engine.create_optimizer(config)[0], mesh)
+    abstract, shardings = engine.state_shardings(
+        train.state_init(train.create_model(config), engine.create_optimizer(config)[0], 0), mesh)
     return checkpointing.abstract_like(abstract, shardings)
 
 

@@ -1,4 +1,4 @@
-"""Dynamic padding in fine-tuning (`finetune.Padding`): bucket lengths by hand, fixed mode = the batches
+"""Dynamic padding in fine-tuning (`batching.Padding`): bucket lengths by hand, fixed mode = the batches
 of before, bucketed logits = full-length logits per example, predictions in the arrays' order, one
 compiled program per bucket, training curves unchanged by the cut (dropout off)."""
 
@@ -10,8 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import heads, initialisation, losses, modeling, sharding
-from bert_jax.tasks import finetune
+from bert_jax import batching, heads, initialisation, losses, modeling, sharding
+from bert_jax.tasks import finetune, prediction
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import ner as ner_config
 from bert_jax.configs import pretrain
@@ -63,21 +63,21 @@ def _todays_batches(arrays, global_batch_size, seed, drop_remainder):
 
 
 def test_bucket_lengths_hand_computed():
-    assert finetune.bucket_lengths(128, 16) == (16, 32, 48, 64, 80, 96, 112, 128)
-    assert finetune.bucket_lengths(100, 32) == (32, 64, 96, 100)
-    assert finetune.bucket_lengths(128, 128) == (128,) == finetune.bucket_lengths(128, 200)
-    assert finetune.bucket_lengths(128, 0) == ()
+    assert batching.bucket_lengths(128, 16) == (16, 32, 48, 64, 80, 96, 112, 128)
+    assert batching.bucket_lengths(100, 32) == (32, 64, 96, 100)
+    assert batching.bucket_lengths(128, 128) == (128,) == batching.bucket_lengths(128, 200)
+    assert batching.bucket_lengths(128, 0) == ()
     with pytest.raises(ValueError, match="need length_buckets >= 0"):
-        finetune.bucket_lengths(128, -16)
+        batching.bucket_lengths(128, -16)
     mask = np.array([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 1, 1, 1]])
-    np.testing.assert_array_equal(finetune.sequence_lengths(mask), [2, 1, 0, 3, 5])
+    np.testing.assert_array_equal(batching.sequence_lengths(mask), [2, 1, 0, 3, 5])
     # [N, 2, L] (multiple choice): the longest choice
-    np.testing.assert_array_equal(finetune.sequence_lengths(mask[[0, 1, 2, 3]].reshape(2, 2, 5)), [2, 3])
-    buckets = finetune.bucket_lengths(128, 16)
-    np.testing.assert_array_equal(finetune.bucket_of(np.array([0, 1, 15, 16, 17, 33, 112, 113, 128]), buckets),
+    np.testing.assert_array_equal(batching.sequence_lengths(mask[[0, 1, 2, 3]].reshape(2, 2, 5)), [2, 3])
+    buckets = batching.bucket_lengths(128, 16)
+    np.testing.assert_array_equal(batching.bucket_of(np.array([0, 1, 15, 16, 17, 33, 112, 113, 128]), buckets),
                                   [16, 16, 16, 16, 32, 48, 112, 128, 128])
     with pytest.raises(ValueError, match="129 tokens is longer than the largest length bucket 128"):
-        finetune.bucket_of(np.array([5, 129]), buckets)
+        batching.bucket_of(np.array([5, 129]), buckets)
 
 
 def test_configs_and_the_off_switch():
@@ -85,12 +85,12 @@ def test_configs_and_the_off_switch():
     group_by_length says; SQuAD's config has no such fields: fixed."""
     for config, program_tokens in ((glue_config.get_config("sst2"), 10_000), (ner_config.get_config(), 10_000),
                                    (swag_config.get_config(), 2_500)):  # SWAG: example positions of 4 tokens
-        assert finetune.Padding.from_config(config) == finetune.Padding(tuple(range(1, 129)), True, max_buckets=12,
+        assert batching.Padding.from_config(config) == batching.Padding(tuple(range(1, 129)), True, max_buckets=12,
                                                                         program_tokens=program_tokens)
         config.length_buckets = 0
-        assert finetune.Padding.from_config(config) == finetune.FIXED == finetune.Padding()
+        assert batching.Padding.from_config(config) == batching.FIXED == batching.Padding()
     from bert_jax.configs import squad as squad_config
-    assert finetune.Padding.from_config(squad_config.get_config()) == finetune.FIXED
+    assert batching.Padding.from_config(squad_config.get_config()) == batching.FIXED
 
 
 def test_placed_buckets_are_the_best_subset():
@@ -102,52 +102,52 @@ def test_placed_buckets_are_the_best_subset():
         lengths = rng.integers(1, 17, size=rng.integers(1, 30))
         rows = rng.integers(1, 9, size=len(lengths))
         for count, program_tokens in itertools.product((1, 2, 3, 6), (0, 7.5, 40)):
-            chosen = finetune.placed_buckets(lengths, rows, candidates, count, program_tokens)
+            chosen = batching.placed_buckets(lengths, rows, candidates, count, program_tokens)
             cost = lambda b: int((rows * np.asarray(b)[np.searchsorted(b, lengths)]).sum()) + program_tokens * len(b)
             best = min(cost(s) for n in range(1, count + 1) for s in itertools.combinations(candidates, n)
                        if s[-1] >= lengths.max())
             assert len(chosen) <= count and set(chosen) <= set(candidates), (trial, count, program_tokens)
             assert cost(chosen) == pytest.approx(best), (trial, count, program_tokens)
             assert chosen[-1] == min(c for c in candidates if c >= lengths.max())
-    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2) == (5, 10)  # 2 * (5 + 5 + 10)
+    assert batching.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2) == (5, 10)  # 2 * (5 + 5 + 10)
     # (5, 10) saves 2 * (10 + 10 + 10) - 40 = 20 tokens over (10,): worth it at 19 per program, not at 21
-    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=19) == (5, 10)
-    assert finetune.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=21) == (10,)
+    assert batching.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=19) == (5, 10)
+    assert batching.placed_buckets(np.array([4, 4, 9]), 2, candidates, 2, program_tokens=21) == (10,)
     with pytest.raises(ValueError, match="max_length_buckets=0: need >= 1"):
-        finetune.placed_buckets(np.array([4]), 1, candidates, 0)
+        batching.placed_buckets(np.array([4]), 1, candidates, 0)
     with pytest.raises(ValueError, match="bucket_program_tokens=-1: need >= 0"):
-        finetune.placed_buckets(np.array([4]), 1, candidates, 2, program_tokens=-1)
+        batching.placed_buckets(np.array([4]), 1, candidates, 2, program_tokens=-1)
 
 
 def test_placed_padding_covers_the_steps_fit_draws():
     """Padding.placed chooses at most max_buckets lengths over the batches of the steps fit runs (two
     epochs here), and those batches then use only those lengths."""
     arrays = _arrays(203, lo=1, hi=L)
-    padding = finetune.Padding(tuple(range(1, L + 1)), group_by_length=True, group_size=4, max_buckets=3)
+    padding = batching.Padding(tuple(range(1, L + 1)), group_by_length=True, group_size=4, max_buckets=3)
     placed = padding.placed(arrays, 8, seed=1, num_steps=40)
     assert len(placed.buckets) == 3 and placed.max_buckets == 3
     used = {b["input_ids"].shape[1] for epoch in (0, 1)
-            for b, _, _ in finetune.local_batches(arrays, 8, seed=1 + epoch, drop_remainder=True, padding=placed)}
+            for b, _, _ in batching.local_batches(arrays, 8, seed=1 + epoch, drop_remainder=True, padding=placed)}
     assert used <= set(placed.buckets) and max(used) == max(placed.buckets)
-    assert finetune.Padding(BUCKETS).placed(arrays, 8, seed=1, num_steps=40) == finetune.Padding(BUCKETS)
+    assert batching.Padding(BUCKETS).placed(arrays, 8, seed=1, num_steps=40) == batching.Padding(BUCKETS)
     # no training step: placed on the prediction batches (longest first), the longest one's length on top
     for_predict = padding.placed(arrays, 8, seed=1, num_steps=0)
-    assert len(for_predict.buckets) == 3 and for_predict.buckets[-1] == finetune.sequence_lengths(
+    assert len(for_predict.buckets) == 3 and for_predict.buckets[-1] == batching.sequence_lengths(
         arrays["attention_mask"]).max()
     # a compile cost per program: a short run places fewer buckets (from the config, as the jobs do)
     config = ml_collections.ConfigDict(dict(max_seq_length=L, length_buckets=1, max_length_buckets=3,
                                             group_by_length=True, bucket_program_tokens=1e6))
-    costly = finetune.Padding.from_config(config)
+    costly = batching.Padding.from_config(config)
     assert costly.program_tokens == 1e6 and len(costly.placed(arrays, 8, seed=1, num_steps=40).buckets) == 1
     config.bucket_program_tokens = -5
     with pytest.raises(ValueError, match="bucket_program_tokens=-5.0: need >= 0"):
-        finetune.Padding.from_config(config)
+        batching.Padding.from_config(config)
 
 
 @pytest.mark.parametrize("seed,drop_remainder", [(3, True), (None, False)])
 def test_fixed_padding_gives_todays_batches(seed, drop_remainder):
     arrays = _arrays(45)
-    ours = list(finetune.local_batches(arrays, 8, seed=seed, drop_remainder=drop_remainder, padding=finetune.FIXED))
+    ours = list(batching.local_batches(arrays, 8, seed=seed, drop_remainder=drop_remainder, padding=batching.FIXED))
     theirs = list(_todays_batches(arrays, 8, seed, drop_remainder))
     assert len(ours) == len(theirs) == (5 if drop_remainder else 6)
     for (batch, real, rows), (expected, expected_real) in zip(ours, theirs):
@@ -164,10 +164,10 @@ def test_bucketed_batches_cut_only_padding(group):
     cut columns were padding, an epoch takes the fixed mode's rows (the same ones dropped), and
     grouping by length leaves less padding."""
     arrays = _arrays(203, lo=1, hi=L)
-    padding = finetune.Padding(BUCKETS, group_by_length=group, group_size=4)
-    fixed = {int(r) for _, _, rows in finetune.local_batches(arrays, 8, seed=1, drop_remainder=True) for r in rows}
+    padding = batching.Padding(BUCKETS, group_by_length=group, group_size=4)
+    fixed = {int(r) for _, _, rows in batching.local_batches(arrays, 8, seed=1, drop_remainder=True) for r in rows}
     seen, padded = [], 0
-    for batch, real, rows in finetune.local_batches(arrays, 8, seed=1, drop_remainder=True, padding=padding):
+    for batch, real, rows in batching.local_batches(arrays, 8, seed=1, drop_remainder=True, padding=padding):
         cut = batch["input_ids"].shape[1]
         longest = arrays["attention_mask"][rows].sum(1).max()
         assert cut == min(b for b in BUCKETS if b >= longest) and real == 8
@@ -179,8 +179,8 @@ def test_bucketed_batches_cut_only_padding(group):
         seen.extend(rows.tolist())
         padded += batch["attention_mask"].size - batch["attention_mask"].sum()
     assert len(seen) == len(set(seen)) == 200 and set(seen) == fixed
-    ungrouped = sum(b["attention_mask"].size - b["attention_mask"].sum() for b, _, _ in finetune.local_batches(
-        arrays, 8, seed=1, drop_remainder=True, padding=finetune.Padding(BUCKETS)))
+    ungrouped = sum(b["attention_mask"].size - b["attention_mask"].sum() for b, _, _ in batching.local_batches(
+        arrays, 8, seed=1, drop_remainder=True, padding=batching.Padding(BUCKETS)))
     assert (padded < 0.6 * ungrouped) if group else padded == ungrouped
 
 
@@ -201,28 +201,28 @@ def test_bucketed_predictions_equal_full_length_in_order(mesh):
     fixed full-length ones per example (within 1e-5, float32), in the arrays' order; token logits
     beyond a batch's bucket are zeros; the predict step compiled one program per bucket used."""
     arrays = _arrays(37, seed=2, lo=2, hi=L)
-    padding = finetune.Padding(BUCKETS)
+    padding = batching.Padding(BUCKETS)
     config = glue_config.get_config("sst2")
     mask = arrays["attention_mask"] > 0
     for model in (heads.BertForSequenceClassification(_config(), num_labels=3),
                   heads.BertForTokenClassification(_config(), num_labels=5)):
         state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, config)
-        fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh)
+        fixed = prediction.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh)
         assert predict_fn._cache_size() == 1
-        ours = finetune.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh, padding=padding)
+        ours = prediction.predict(predict_fn, state.params, arrays, batch_size=8, mesh=mesh, padding=padding)
         assert ours.logits.shape == fixed.logits.shape and ours.logits.dtype == np.float32
-        used = {int(finetune.bucket_of(finetune.sequence_lengths(arrays["attention_mask"][rows]).max(), BUCKETS))
-                for _, _, rows in finetune.local_batches(arrays, 8, seed=None, drop_remainder=False, padding=padding)}
+        used = {int(batching.bucket_of(batching.sequence_lengths(arrays["attention_mask"][rows]).max(), BUCKETS))
+                for _, _, rows in batching.local_batches(arrays, 8, seed=None, drop_remainder=False, padding=padding)}
         assert used == set(BUCKETS) and predict_fn._cache_size() == len(BUCKETS)  # L=64 shared with the fixed run
         if ours.logits.ndim == 2:
             np.testing.assert_allclose(ours.logits, fixed.logits, atol=1e-5, rtol=1e-5)
         else:
             np.testing.assert_allclose(ours.logits[mask], fixed.logits[mask], atol=1e-5, rtol=1e-5)
-            lengths = finetune.sequence_lengths(arrays["attention_mask"])
-            assert any(not ours.logits[i, finetune.bucket_of(n, BUCKETS):].any() for i, n in enumerate(lengths))
+            lengths = batching.sequence_lengths(arrays["attention_mask"])
+            assert any(not ours.logits[i, batching.bucket_of(n, BUCKETS):].any() for i, n in enumerate(lengths))
         # the order is the arrays': a permuted input gives the permuted output
         perm = np.random.default_rng(0).permutation(37)
-        shuffled = finetune.predict(predict_fn, state.params, {k: v[perm] for k, v in arrays.items()}, batch_size=8,
+        shuffled = prediction.predict(predict_fn, state.params, {k: v[perm] for k, v in arrays.items()}, batch_size=8,
                                     mesh=mesh, padding=padding)
         np.testing.assert_array_equal(shuffled.logits, ours.logits[perm])
 
@@ -232,8 +232,8 @@ def test_multiple_choice_bucketed_predictions(mesh):
     arrays = _arrays(11, seed=4, lo=2, hi=30, choices=4)  # every batch cut to 32
     model = heads.BertForMultipleChoice(_config())
     state, (_, predict_fn) = _steps(model, lambda o, b: (0.0, 1.0), mesh, swag_config.get_config())
-    fixed = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh)
-    ours = finetune.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh, padding=finetune.Padding((32,)))
+    fixed = prediction.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh)
+    ours = prediction.predict(predict_fn, state.params, arrays, batch_size=4, mesh=mesh, padding=batching.Padding((32,)))
     assert ours.logits.shape == (11, 4) and predict_fn._cache_size() == 2
     np.testing.assert_allclose(ours.logits, fixed.logits, atol=1e-5, rtol=1e-5)
 
@@ -254,19 +254,19 @@ def test_training_same_loss_and_one_program_per_bucket(mesh, monkeypatch):
         return losses.token_classification_loss(out.logits, batch["token_labels"], batch["label_weights"])
 
     curves = []
-    for padding in (finetune.FIXED, finetune.Padding(BUCKETS)):
+    for padding in (batching.FIXED, batching.Padding(BUCKETS)):
         state, (step_fn, _) = _steps(model, loss_fn, mesh, config)
         _, history = finetune.fit(state, step_fn, arrays, batch_size=16, num_train_steps=6, seed=0, mesh=mesh,
                                   log_every=1, padding=padding)
         curves.append([h["loss"] for h in history])
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
     assert programs[0] == {} and step_fn._cache_size() == 0  # fixed: none ahead; bucketed: all ahead, none in the loop
-    used = {b["input_ids"].shape[1] for b, _, _ in finetune.local_batches(arrays, 16, seed=0, drop_remainder=True,
-                                                                          padding=finetune.Padding(BUCKETS))}
+    used = {b["input_ids"].shape[1] for b, _, _ in batching.local_batches(arrays, 16, seed=0, drop_remainder=True,
+                                                                          padding=batching.Padding(BUCKETS))}
     assert {shape[1] for shape in programs[1]} == used and len(used) > 1
     state, (step_fn, _) = _steps(model, loss_fn, mesh, config)
-    grouped = dataclasses.replace(finetune.Padding(BUCKETS), group_by_length=True, group_size=2)
+    grouped = dataclasses.replace(batching.Padding(BUCKETS), group_by_length=True, group_size=2)
     finetune.fit(state, step_fn, arrays, batch_size=16, num_train_steps=6, seed=0, mesh=mesh, padding=grouped)
     used = {b["input_ids"].shape[1] for b, _, _ in
-            finetune.local_batches(arrays, 16, seed=0, drop_remainder=True, padding=grouped)}
+            batching.local_batches(arrays, 16, seed=0, drop_remainder=True, padding=grouped)}
     assert {shape[1] for shape in programs[2]} == used <= set(BUCKETS) and step_fn._cache_size() == 0

@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 
 from bert_jax import checkpointing, convert, engine, heads, initialisation, losses, modeling, sharding, train
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job
 from bert_jax.tasks import glue as glue_task
 from bert_jax.tasks import squad as squad_task
 from bert_jax.configs import glue as glue_config
@@ -72,8 +72,8 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     saved = checkpointing.Checkpointer(str(pretrained / "checkpoints"), async_save=False)
     pre_config = pretrain.get_config("tiny")
     pre_tx, _ = engine.create_optimizer(pre_config)
-    abstract, pre_shardings = train.state_shardings(train.create_model(pre_config), pre_tx,
-                                                    sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
+    abstract, pre_shardings = engine.state_shardings(train.state_init(train.create_model(pre_config), pre_tx, 0),
+                                                     sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
     pre_state, _ = saved.restore(saved.latest_step(), checkpointing.abstract_like(abstract, pre_shardings))
     saved.close()
     ours, theirs = _flat(state.params["bert"]), _flat(pre_state.params["bert"])
@@ -173,7 +173,7 @@ def test_vocabulary_larger_than_the_model_is_one_line(task, data_dir, tmp_path):
 
 
 def test_sequences_longer_than_the_encoders_positions_are_one_line(data_dir, tmp_path):
-    """finetune.load_encoder, which every job calls first: max_seq_length over max_position_embeddings."""
+    """job.load_encoder, which every job calls first: max_seq_length over max_position_embeddings."""
     config = glue_config.get_config("sst2")
     config.model = pretrain.model_config("tiny")
     config.model.max_position_embeddings = 64
@@ -183,7 +183,7 @@ def test_sequences_longer_than_the_encoders_positions_are_one_line(data_dir, tmp
         glue_task.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
     config.max_seq_length = 64
-    init, tokenizer = finetune.load_encoder(config)
+    init, tokenizer = job.load_encoder(config)
     assert init.kind == "random" and tokenizer.vocab_size == 30522
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax import convert, heads, losses, modeling
 from bert_jax.data import glue
-from bert_jax.tasks import finetune
+from bert_jax.tasks import job
 from bert_jax.tasks import glue as glue_task
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
@@ -506,7 +506,7 @@ def test_configs_for_every_task():
     with pytest.raises(ValueError, match=r"config arg 'ax' is not one of \['cola', "):
         glue_config.get_config("ax")
     with pytest.raises(ValueError, match=r"^config.data_dir is empty: name the folder that holds train.tsv$"):
-        finetune.data_file(glue_config.get_config("rte"), "train.tsv")
+        job.data_file(glue_config.get_config("rte"), "train.tsv")
 
 
 # ----------------------------------------------------------------------------- the job end to end

@@ -118,7 +118,8 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
 
     config = pretrain.get_config("tiny")
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0),
+                                                  sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     like = checkpointing.abstract_like(abstract, shardings).params
 
     def params(run):

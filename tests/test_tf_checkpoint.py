@@ -20,7 +20,7 @@ import transformers
 from flax import traverse_util
 
 from bert_jax import convert, heads, initialisation, modeling, sharding
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job
 from bert_jax.configs import glue as glue_config
 
 # bert_config.json as Google ships it: these eleven fields, no layer_norm_eps (1e-12, the original's).
@@ -173,7 +173,7 @@ def test_finetuning_starts_from_a_google_directory(google):
         assert init.config.hidden_size == 48 and init.config.num_hidden_layers == 3
         assert init.config.hidden_dropout_prob == config.model.hidden_dropout_prob  # the job's, as for HF
         assert initialisation.vocabulary(init, config.vocab_file, None)[0] == str(directory / "vocab.txt")
-        assert finetune.load_tokenizer(config, init).vocab_size == len(VOCAB)
+        assert job.load_tokenizer(config, init).vocab_size == len(VOCAB)
     for k, v in _flat(inits[directory].params["bert"]).items():
         np.testing.assert_array_equal(_flat(inits[directory / "bert_model.ckpt"].params["bert"])[k], v, err_msg=k)
 

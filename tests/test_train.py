@@ -127,7 +127,7 @@ def test_rules_table_gives_the_hand_written_layout(shape, instances):
     config = _config(instances)
     model = train.create_model(config)
     tx, _ = engine.create_optimizer(config)
-    _, shardings = train.state_shardings(model, tx, sharding.make_mesh(*shape))
+    _, shardings = engine.state_shardings(train.state_init(model, tx, 0), sharding.make_mesh(*shape))
     _assert_layout_by_hand(shardings)
 
 
@@ -189,7 +189,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
     config = _config(instances)
     config.model.vocab_size = 30522
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, sharding.make_mesh(1, 1, 8))
+    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), sharding.make_mesh(1, 1, 8))
     with pytest.raises(ValueError, match=r"word_embeddings.*cannot be split 8 ways"):
         sharding.check_divisible(abstract, shardings)
 
@@ -249,7 +249,7 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
     config = _config(instances, warmup_steps=0, weight_decay=0.01, learning_rate=1e-3)
     model = train.create_model(config)
     tx, _ = engine.create_optimizer(config)
-    params = jax.jit(lambda: nn.unbox(train._state_init(model, tx, 0)()).params)()
+    params = jax.jit(lambda: nn.unbox(train.state_init(model, tx, 0)()).params)()
     params = jax.tree_util.tree_map(lambda p: p + 1.0, params)  # biases and LayerNorm betas start at 0
     updates, _ = tx.update(jax.tree_util.tree_map(jnp.zeros_like, params), tx.init(params), params)
     flat_p, flat_u = (traverse_util.flatten_dict(t, sep="/") for t in (params, updates))
@@ -411,7 +411,7 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
     config = pretrain.get_config("tiny")  # what the subprocess ran
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     mesh = sharding.make_mesh(2, 2, 2)
-    abstract, shardings = train.state_shardings(model, tx, mesh)
+    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
     checkpointer = train.checkpointing.Checkpointer(str(workdir / "checkpoints"))
     state, data = checkpointer.restore(30, train.checkpointing.abstract_like(abstract, shardings))
     checkpointer.close()
@@ -545,7 +545,7 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     mesh = sharding.make_mesh(8, 1, 1)
     model = train.create_model(config)
     tx, schedule = engine.create_optimizer(config)
-    abstract, shardings = train.state_shardings(model, tx, mesh, config.seed)
+    abstract, shardings = engine.state_shardings(train.state_init(model, tx, config.seed), mesh)
     abstract = checkpointing.abstract_like(abstract, shardings)
     batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
     step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)

@@ -48,10 +48,10 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     config.predict_diagnostic = task == "mnli"
     config.diagnostic_file = ""
     config.max_seq_length = 128
-    # Dynamic padding (finetune.Padding): each batch padded to its longest sequence rounded up to a
+    # Dynamic padding (batching.Padding): each batch padded to its longest sequence rounded up to a
     # bucket length (one compiled program per length): at most max_length_buckets multiples of
     # length_buckets tokens, placed where the training batches' lengths waste the fewest padded tokens
-    # (finetune.placed_buckets; max_length_buckets=0: every multiple); length_buckets=0: every batch at
+    # (batching.placed_buckets; max_length_buckets=0: every multiple); length_buckets=0: every batch at
     # max_seq_length (fixed padding)
     config.length_buckets = 1
     config.max_length_buckets = 12

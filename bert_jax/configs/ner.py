@@ -38,10 +38,10 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.tfds_data_dir = ""
     config.max_train_examples = 0  # train only on the first N training sentences (0 = all)
     config.max_seq_length = 128  # tokens per sequence; longer sentences are split between words
-    # Dynamic padding (finetune.Padding): each batch padded to its longest sequence rounded up to a
+    # Dynamic padding (batching.Padding): each batch padded to its longest sequence rounded up to a
     # bucket length (one compiled program per length): at most max_length_buckets multiples of
     # length_buckets tokens, placed where the training batches' lengths waste the fewest padded tokens
-    # (finetune.placed_buckets; max_length_buckets=0: every multiple); length_buckets=0: every batch at
+    # (batching.placed_buckets; max_length_buckets=0: every multiple); length_buckets=0: every batch at
     # max_seq_length (fixed padding)
     config.length_buckets = 1
     config.max_length_buckets = 12

@@ -33,9 +33,9 @@ import numpy as np
 from scipy import stats
 from sklearn import metrics as skm
 
-from bert_jax import engine, heads, losses, modeling, storage, summaries
+from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import glue
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job, prediction
 
 SUBMISSION_DIR = "submission"
 
@@ -115,7 +115,7 @@ def _examples(config: ml_collections.ConfigDict, file: str, tfds_split: str) -> 
         examples = glue.read_glue_tfds(config.task, tfds_split, data_dir=config.tfds_data_dir or None)
         source = f"TFDS glue/{config.task} {tfds_split}"
     else:
-        source = finetune.data_file(config, file)
+        source = job.data_file(config, file)
         examples = glue.read_glue_tsv(config.task, source)
     if not examples:
         raise ValueError(f"{source} holds no examples")
@@ -165,8 +165,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.task not in glue.TASKS:
         raise ValueError(f"config.task={config.task!r} is not one of {sorted(glue.TASKS)}")
     spec = glue.TASKS[config.task]
-    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
-    init, tokenizer = finetune.load_encoder(config)
+    padding = batching.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
+    init, tokenizer = job.load_encoder(config)
 
     def features(examples):
         return glue.convert_examples_to_features(examples, tokenizer, config.max_seq_length, spec.is_regression)
@@ -207,7 +207,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                "train_loss": history[-1]["loss"] if history else float("nan")}
     scores, prediction_files = {}, {}
     for split, dev in devs:
-        out = finetune.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
+        out = prediction.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
                                desc=f"GLUE {config.task} {split.file}", padding=padding)
         predictions, labels = _predictions(spec, out.logits), dev["labels"]
         scores.update({split.key + k: v for k, v in compute_metrics(config.task, predictions, labels).items()})
@@ -218,11 +218,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         prediction_files[split.file.replace(".tsv", "_predictions.tsv")] = "index\tprediction\tlabel\n" + "".join(
             f"{i}\t{_format(spec, p)}\t{_format(spec, y)}\n" for i, (p, y) in enumerate(zip(predictions, labels)))
     metrics.update(scores)
-    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
+    job.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     submissions = []
     for split, examples in tests:
         test = features(examples)
-        out = finetune.predict(predict_fn, state.params, test, batch_size=config.eval_batch_size, mesh=mesh,
+        out = prediction.predict(predict_fn, state.params, test, batch_size=config.eval_batch_size, mesh=mesh,
                                desc=f"GLUE {config.task} {split.file}", padding=padding)
         path = storage.join(workdir, SUBMISSION_DIR, split.key)
         if is_main:
@@ -239,4 +239,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "glue", "GLUE recipe, e.g. glue:mrpc (or a config file path).")
+    job.cli(run, "glue", "GLUE recipe, e.g. glue:mrpc (or a config file path).")

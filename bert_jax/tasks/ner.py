@@ -28,9 +28,9 @@ import ml_collections
 import numpy as np
 from seqeval import metrics as seqeval_metrics
 
-from bert_jax import engine, heads, losses, modeling, storage, summaries
+from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import conll
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job, prediction
 
 LABEL_NAMES = ("labels", "label_weights")
 # TFDS conll2003 split names of the files' roles.
@@ -77,7 +77,7 @@ def _sentences(config: ml_collections.ConfigDict, role: str) -> list[conll.Sente
         sentences = conll.read_conll_tfds(TFDS_SPLITS[role], data_dir=config.tfds_data_dir or None)
         source = f"TFDS {conll.TFDS_NAME} {TFDS_SPLITS[role]}"
     else:
-        source = finetune.data_file(config, config[f"{role}_file"])
+        source = job.data_file(config, config[f"{role}_file"])
         sentences = conll.read_conll(source)
     if not sentences:
         raise ValueError(f"{source} holds no sentences")
@@ -98,8 +98,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ValueError / FileNotFoundError: missing files, malformed lines (`conll.read_conll`), a bad
         checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
-    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
-    init, tokenizer = finetune.load_encoder(config)
+    padding = batching.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
+    init, tokenizer = job.load_encoder(config)
     train_sentences = _sentences(config, "train")
     if config.max_train_examples > 0:
         train_sentences = train_sentences[:config.max_train_examples]
@@ -128,7 +128,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     is_main = jax.process_index() == 0
     writer = summaries.open_writer(workdir, is_main)
     start = time.perf_counter()
-    arrays = {k: train[k] for k in (*finetune.INPUT_NAMES, *LABEL_NAMES)}
+    arrays = {k: train[k] for k in (*prediction.INPUT_NAMES, *LABEL_NAMES)}
     state, history = finetune.fit(state, step_fn, arrays, batch_size=config.train_batch_size,
                                   num_train_steps=num_train_steps, seed=config.seed, mesh=mesh, writer=writer,
                                   log_every=config.log_every, desc="CoNLL-2003 NER fine-tuning",
@@ -141,14 +141,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     scores, files = {}, {}
     for role, sentences in evals:
         feats = features(sentences)
-        out = finetune.predict(predict_fn, state.params, feats, batch_size=config.eval_batch_size, mesh=mesh,
+        out = prediction.predict(predict_fn, state.params, feats, batch_size=config.eval_batch_size, mesh=mesh,
                                desc=f"CoNLL-2003 {role}", padding=padding)
         predicted = conll.word_predictions(feats, np.argmax(out.logits, axis=-1), sentences, labels)
         scores.update({f"{role}_{k}": v for k, v in compute_metrics([s.tags for s in sentences], predicted).items()})
         metrics[f"{role}_sentences"] = len(sentences)
         files[f"{role}_predictions.txt"] = (sentences, predicted)
     metrics.update(scores)
-    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
+    job.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     if is_main:
         for name, (sentences, predicted) in files.items():
             conll.write_conll(storage.join(workdir, name), sentences, predicted)
@@ -157,4 +157,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "ner", "NER recipe, e.g. ner (or ner:large, or a config file path).")
+    job.cli(run, "ner", "NER recipe, e.g. ner (or ner:large, or a config file path).")

@@ -31,7 +31,7 @@ import numpy as np
 
 from bert_jax import engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import squad
-from bert_jax.tasks import finetune, squad_eval
+from bert_jax.tasks import finetune, job, prediction, squad_eval
 
 
 
@@ -154,7 +154,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     if not config.train_file and not config.predict_file:
         raise ValueError("set config.train_file and/or config.predict_file")
-    init, tokenizer = finetune.load_encoder(config)
+    init, tokenizer = job.load_encoder(config)
     feature_args = dict(max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
                         max_query_length=config.max_query_length,
                         version_2_with_negative=config.version_2_with_negative)
@@ -196,7 +196,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if eval_examples:
         features = squad.convert_examples_to_features(eval_examples, tokenizer, is_training=False, **feature_args)
         start = time.perf_counter()
-        out = finetune.predict(predict_fn, state.params, features.model_inputs(),
+        out = prediction.predict(predict_fn, state.params, features.model_inputs(),
                                batch_size=config.predict_batch_size, mesh=mesh, desc="SQuAD prediction")
         metrics["predict_seconds"] = time.perf_counter() - start
         predictions, nbest, null_odds = postprocess(
@@ -223,7 +223,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             if config.version_2_with_negative:
                 storage.write_json(storage.join(workdir, "null_odds.json"), null_odds)
     scores = {k: v for k, v in metrics.items() if isinstance(v, float)} if eval_examples else {}
-    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps,
+    job.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps,
                     step=int(jax.device_get(state.step)))
     if is_main:
         storage.write_json(storage.join(workdir, "metrics.json"), metrics)
@@ -231,4 +231,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "squad", "SQuAD recipe, e.g. squad (or a config file path).")
+    job.cli(run, "squad", "SQuAD recipe, e.g. squad (or a config file path).")

@@ -22,9 +22,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import engine, heads, losses, modeling, storage, summaries
+from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import swag
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, job, prediction
 
 
 
@@ -46,7 +46,7 @@ def compute_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, fl
 
 def _examples(config: ml_collections.ConfigDict, name: str, labelled: bool) -> list[swag.SwagExample]:
     """The examples of config.data_dir/<name>; ValueError when empty, or (labelled) without labels."""
-    path = finetune.data_file(config, name)
+    path = job.data_file(config, name)
     examples = swag.read_swag_csv(path)
     if not examples:
         raise ValueError(f"{path} holds no examples")
@@ -67,8 +67,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ValueError / FileNotFoundError: missing files, bad rows (`swag.read_swag_csv`), a dev file without
         labels, a bad checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
-    padding = finetune.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
-    init, tokenizer = finetune.load_encoder(config)
+    padding = batching.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
+    init, tokenizer = job.load_encoder(config)
 
     def features(examples):
         return swag.convert_examples_to_features(examples, tokenizer, config.max_seq_length)
@@ -105,16 +105,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     metrics: dict[str, Any] = {"init": init.kind, "train_examples": len(train["labels"]),
                                "train_steps": num_train_steps, "train_seconds": time.perf_counter() - start,
                                "train_loss": history[-1]["loss"] if history else float("nan")}
-    out = finetune.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
+    out = prediction.predict(predict_fn, state.params, dev, batch_size=config.eval_batch_size, mesh=mesh,
                            desc=f"SWAG {config.dev_file}", padding=padding)
     predictions = np.argmax(out.logits, axis=-1)
     scores = compute_metrics(predictions, dev["labels"])
     metrics.update(scores, eval_examples=len(dev_examples))
-    finetune.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
+    job.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     files = {"val_predictions.csv": "index,prediction,label\n" + "".join(
         f"{e.guid},{p},{e.label}\n" for e, p in zip(dev_examples, predictions))}
     if test_examples:
-        out = finetune.predict(predict_fn, state.params, features(test_examples), batch_size=config.eval_batch_size,
+        out = prediction.predict(predict_fn, state.params, features(test_examples), batch_size=config.eval_batch_size,
                                mesh=mesh, desc=f"SWAG {config.test_file}", padding=padding)
         files["test_predictions.csv"] = "index,prediction\n" + "".join(
             f"{e.guid},{p}\n" for e, p in zip(test_examples, np.argmax(out.logits, axis=-1)))
@@ -127,4 +127,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    finetune.cli(run, "swag", "SWAG recipe, e.g. swag (or swag:large, or a config file path).")
+    job.cli(run, "swag", "SWAG recipe, e.g. swag (or swag:large, or a config file path).")

@@ -1,0 +1,140 @@
+"""The plumbing every fine-tuning job shares: its data files, its encoder and vocabulary, the end of the
+run (scores, final checkpoint, run files) and the command line.
+
+Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained encoder, fresh task head):
+whatever `bert_jax.initialisation.resolve` reads (a Hugging Face directory, a google-research/bert
+TensorFlow checkpoint, a bert_jax run or one of its checkpoints; "" for random initialisation), the
+architecture from the source, the compute options and dropout from this job's `config.model`. The
+vocabulary and casing are the source's (its vocab.txt and tokenizer_config.json) unless config.vocab_file /
+config.do_lower_case name them, which must then agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Mapping
+
+import jax
+import ml_collections
+
+from bert_jax import checkpointing, errors, initialisation, modeling, storage, summaries
+from bert_jax.data.tokenization import Tokenizer
+from bert_jax.engine import TrainState
+
+
+def data_file(config: ml_collections.ConfigDict, name: str) -> str:
+    """`config.data_dir`/`name`, the path of one of a task's files.
+
+    Raises:
+      ValueError: config.data_dir is empty (one line: the job has no default data folder).
+    """
+    if not config.data_dir:
+        raise ValueError(f"config.data_dir is empty: name the folder that holds {name}")
+    return storage.join(config.data_dir, name)
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, init: initialisation.Initialisation) -> Tokenizer:
+    """The WordPiece tokenizer of the job: config.vocab_file and config.do_lower_case when set, else the
+    source's (`initialisation.vocabulary`), checked against the encoder.
+
+    Raises:
+      ValueError: no vocabulary, or one / a casing that conflicts with the source's (`vocabulary`); a
+        vocabulary with more tokens than the model's vocab_size (its ids would index past the embeddings).
+      FileNotFoundError: the vocabulary file does not exist.
+    """
+    vocab_file, do_lower_case = initialisation.vocabulary(init, config.vocab_file, config.get("do_lower_case"))
+    tokenizer = Tokenizer(vocab_file, do_lower_case=do_lower_case)
+    if tokenizer.vocab_size > init.config.vocab_size:
+        raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
+                         f"vocab_size {init.config.vocab_size}")
+    return tokenizer
+
+
+def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Initialisation, Tokenizer]:
+    """What every task job starts from: `initialisation.resolve` of config.init_checkpoint (its
+    architecture, the job's compute options) and `load_tokenizer`, with config.max_seq_length checked
+    against the encoder's positions.
+
+    Raises:
+      the errors of `initialisation.resolve` and `load_tokenizer`;
+      ValueError: a batch size (config.*_batch_size) below 1 or a negative config.num_train_epochs (checked
+        first); config.max_seq_length over the encoder's max_position_embeddings; an architecture field set
+        on the command line that conflicts with the init_checkpoint's (`check_explicit_fields`).
+    """
+    for name in sorted(k for k in config.keys() if k.endswith("_batch_size")):
+        if config[name] < 1:
+            raise ValueError(f"config.{name}={config[name]} must be at least 1")
+    if config.get("num_train_epochs", 0) < 0:
+        raise ValueError(f"config.num_train_epochs={config.num_train_epochs} must be non-negative")
+    init = initialisation.resolve(config.init_checkpoint, config.model)
+    if init.kind != "random":
+        initialisation.check_explicit_fields(config, init.config, config.init_checkpoint)
+    tokenizer = load_tokenizer(config, init)
+    if config.max_seq_length > init.config.max_position_embeddings:
+        raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
+                         f"{init.config.max_position_embeddings}")
+    return init, tokenizer
+
+
+def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
+               metrics: Mapping[str, float], tokenizer: Tokenizer | None = None) -> str:
+    """Writes the fine-tuned state as an Orbax checkpoint `<workdir>/checkpoints/<step>` (config item:
+    the job's config with the resolved model), and, with `tokenizer`, the run files that make the workdir
+    an init_checkpoint or a `bert_jax.convert to_hf` input alone (`initialisation.write_run_files`:
+    bert_config.json, vocab.txt, tokenizer_config.json); returns the checkpoint's path."""
+    step = int(jax.device_get(state.step))
+    config_json = json.loads(config.to_json())
+    config_json["model"] = bert_config.to_dict()
+    if tokenizer is not None and jax.process_index() == 0:
+        initialisation.write_run_files(workdir, bert_config, tokenizer.vocab_file, tokenizer.do_lower_case)
+    checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
+    checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
+    checkpointer.close()
+    return storage.join(workdir, "checkpoints", str(step))
+
+
+def finish(writer, workdir: str, state: TrainState, config: ml_collections.ConfigDict, bert_config: modeling.BertConfig,
+           tokenizer: Tokenizer, scores: Mapping[str, float], metrics: dict, num_train_steps: int,
+           step: int | None = None) -> None:
+    """The end of every task job: `scores` to TensorBoard as "eval" (at `step`, default num_train_steps), the
+    final checkpoint with the run files of `tokenizer` (`save_final`, when config.save_checkpoint and the job
+    trained; its path into metrics["checkpoint"]), the writer closed (None on other processes than the
+    first)."""
+    if scores:
+        summaries.write_scalars(writer, num_train_steps if step is None else step, scores, "eval")
+    if config.save_checkpoint and num_train_steps > 0:
+        metrics["checkpoint"] = save_final(workdir, state, config, bert_config, scores, tokenizer)
+    if writer is not None:
+        writer.close()
+
+
+def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
+    """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
+    multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
+    prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
+    from absl import app, flags, logging
+    from bert_jax import configs
+
+    from bert_jax import console, distributed
+
+    console.install()
+
+    configs.define_flag(config_help)
+    flags.DEFINE_string("workdir", None, "Output directory: predictions, metrics, TensorBoard, checkpoint.")
+    distributed.define_flags()
+    flags.mark_flags_as_required(["config", "workdir"])
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments {argv[1:]}")
+        logging.set_verbosity(logging.WARNING)
+        try:
+            storage.check_output_dir(flags.FLAGS.workdir, "--workdir")
+            distributed.initialize_from_flags()
+            metrics = run(configs.mark_explicit_model_fields(flags.FLAGS.config), flags.FLAGS.workdir)
+        except errors.USER_ERRORS as e:
+            raise errors.exit_with(name, e) from None
+        if jax.process_index() == 0:
+            print(json.dumps(metrics))
+
+    app.run(main)
