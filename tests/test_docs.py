@@ -214,19 +214,18 @@ def test_small_rules():
 # ----------------------------------------------------------------------------- the commands
 
 
-@pytest.fixture(scope="module")
-def doc_env(tmp_path_factory, data_dir, minilm_dir):
-    """The placeholders' values and the environment of a documented command."""
-    root = tmp_path_factory.mktemp("doc_env")
+def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path, minilm_dir: pathlib.Path) -> dict:
+    """The placeholders' values (files under `root`) and the environment of a documented command."""
     data = root / "data"
     (data / "squad").mkdir(parents=True)
     for name, source in (("train-v1.1.json", "train-v1.1-subset-44articles.json"), ("dev-v1.1.json", "dev-v1.1.json")):
         (data / "squad" / name).symlink_to(data_dir / "squad" / source)
-    for task, sizes in (("SST-2", {"train.tsv": 201, "dev.tsv": 101}), ("MRPC", {"train.tsv": 201, "dev.tsv": 101})):
+    for task in ("SST-2", "MRPC"):
         (data / "glue" / task).mkdir(parents=True)
-        for name, n in sizes.items():
-            head = (data_dir / "glue" / task / name).read_text(encoding="utf-8").splitlines(keepends=True)[:n]
-            (data / "glue" / task / name).write_text("".join(head), encoding="utf-8")
+        for name in ("train.tsv", "dev.tsv"):  # the header and 200 (train) or 100 (dev) examples
+            head = (data_dir / "glue" / task / name).read_text(encoding="utf-8").splitlines(keepends=True)
+            (data / "glue" / task / name).write_text("".join(head[:201 if name == "train.tsv" else 101]),
+                                                     encoding="utf-8")
     (data / "vocab.txt").symlink_to(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -241,6 +240,11 @@ def doc_env(tmp_path_factory, data_dir, minilm_dir):
                PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p]))
     return env
+
+
+@pytest.fixture(scope="module")
+def doc_env(tmp_path_factory, data_dir, minilm_dir):
+    return make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir, minilm_dir)
 
 
 def run_page(page: str, env: dict, workdir: pathlib.Path) -> subprocess.CompletedProcess:
