@@ -72,6 +72,26 @@ SMALL = (
 SLOW_PAGES = {"README.md", "docs/pretraining-data.md", "docs/pretraining.md", "docs/finetuning.md",
               "docs/checkpoints.md", "docs/tpu-pods.md", "docs/kernels.md"}
 
+# Lines of the output a page shows, and files its commands write.
+EXPECT = {
+    "README.md": ("[1/6] corpus: pydoc", "[2/6] vocabulary:", "[3/6] tokenized documents:", "[4/6] pre-training BERT tiny",
+                  "=== bert_jax demo summary ===", "v3-32: 32 devices, mesh {'data': 32, 'fsdp': 1, 'tensor': 1}",
+                  "(fits)", "demo_hf: BertForPreTraining", "bert_ckpt: bert_jax checkpoint"),
+    "docs/pretraining-data.md": ("documents, ", "tokens to data/docs", "instances in 2 shard(s) to data/p1"),
+    "docs/checkpoints.md": ("converted: bert_jax checkpoint (not in the source: mlm_LayerNorm, mlm_output_bias, "
+                            "mlm_transform, nsp)", "mrpc_hf: BertForSequenceClassification"),
+    "docs/finetuning.md": ("wrote features of 2 examples to features.jsonl",),
+    "docs/tpu-pods.md": ("(fits)", "--accelerator_type TYPE"),
+    "docs/kernels.md": ("kernels splash", "(fits)"),
+    "docs/pretraining.md": ('"step": 6',),
+}
+FILES = {
+    "README.md": ("demo_run/summary.json", "runs/mrpc/metrics.json", "runs/squad/predictions.json",
+                  "demo_hf/model.safetensors"),
+    "docs/pretraining.md": ("runs/tiny/bert_config.json", "runs/mesh/vocab.txt", "runs/continued/tokenizer_config.json"),
+    "docs/finetuning.md": ("runs/mrpc/metrics.json", "runs/squad/nbest_predictions.json", "features.jsonl"),
+}
+
 # What a page's commands read that an earlier page makes (run first, in the same directory).
 SETUP = {
     "docs/pretraining.md": "cp \"$DATA/vocab.txt\" vocab.txt && python -m bert_jax.data.create_pretraining_data "
@@ -271,12 +291,10 @@ def test_page_commands_run(page, doc_env, tmp_path):
         pathlib.Path(archive).unlink(missing_ok=True)
     assert result.returncode == 0, f"{page}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-5000:]
-    if page == "README.md":  # the output the README shows
-        for prefix in ("[1/6] corpus: pydoc", "[2/6] vocabulary:", "[3/6] tokenized documents:",
-                       "[4/6] pre-training BERT tiny", "=== bert_jax demo summary ===", "v3-32: 32 devices"):
-            assert prefix in result.stdout, prefix
-        assert (workdir / "runs" / "mrpc" / "metrics.json").is_file()
-        assert (workdir / "demo_hf" / "model.safetensors").is_file()
+    for expected in EXPECT.get(page, ()):  # the output the page shows
+        assert expected in result.stdout, f"{page}: {expected!r} not in the output:\n{result.stdout[-3000:]}"
+    for path in FILES.get(page, ()):
+        assert (workdir / path).is_file(), f"{page}: {path} not written"
 
 
 @pytest.mark.slow
