@@ -76,12 +76,12 @@ SLOW_PAGES = {"README.md", "docs/pretraining-data.md", "docs/pretraining.md", "d
 EXPECT = {
     "README.md": ("[1/6] corpus: pydoc", "[2/6] vocabulary:", "[3/6] tokenized documents:", "[4/6] pre-training BERT tiny",
                   "=== bert_jax demo summary ===", "v3-32: 32 devices, mesh {'data': 32, 'fsdp': 1, 'tensor': 1}",
-                  "(fits)", "demo_hf: BertForPreTraining", "bert_ckpt: bert_jax checkpoint"),
+                  "(fits)", "+ gcloud compute tpus tpu-vm create bert-base", "demo_hf: BertForPreTraining", "bert_ckpt: bert_jax checkpoint"),
     "docs/pretraining-data.md": ("documents, ", "tokens to data/docs", "instances in 2 shard(s) to data/p1"),
     "docs/checkpoints.md": ("converted: bert_jax checkpoint (not in the source: mlm_LayerNorm, mlm_output_bias, "
                             "mlm_transform, nsp)", "mrpc_hf: BertForSequenceClassification"),
     "docs/finetuning.md": ("wrote features of 2 examples to features.jsonl",),
-    "docs/tpu-pods.md": ("(fits)", "--accelerator_type TYPE"),
+    "docs/tpu-pods.md": ("(fits)", "--accelerator_type TYPE", "+ gcloud compute tpus tpu-vm create bert-base"),
     "docs/kernels.md": ("kernels splash", "(fits)"),
     "docs/pretraining.md": ('"step": 6',),
 }
