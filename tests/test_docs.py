@@ -83,7 +83,8 @@ EXPECT = {
     "docs/finetuning.md": ("wrote features of 2 examples to features.jsonl",),
     "docs/tpu-pods.md": ("(fits)", "--accelerator_type TYPE", "+ gcloud compute tpus tpu-vm create bert-base"),
     "docs/kernels.md": ("kernels splash", "(fits)"),
-    "docs/pretraining.md": ('"step": 6',),
+    "docs/pretraining.md": ('"step": 6', "train: architecture from config.init_checkpoint=",
+                            "initialised fresh: mlm_LayerNorm, mlm_output_bias, mlm_transform, nsp"),
 }
 FILES = {
     "README.md": ("demo_run/summary.json", "runs/mrpc/metrics.json", "runs/squad/predictions.json",
@@ -292,7 +293,7 @@ def test_page_commands_run(page, doc_env, tmp_path):
     assert result.returncode == 0, f"{page}:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-5000:]
     for expected in EXPECT.get(page, ()):  # the output the page shows
-        assert expected in result.stdout, f"{page}: {expected!r} not in the output:\n{result.stdout[-3000:]}"
+        assert expected in result.stdout + result.stderr, f"{page}: {expected!r} not in the output:\n{result.stdout[-3000:]}"
     for path in FILES.get(page, ()):
         assert (workdir / path).is_file(), f"{page}: {path} not written"
 
