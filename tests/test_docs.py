@@ -3,8 +3,8 @@ at small sizes or marked `<!-- not run: REASON -->` on the line before it (a pod
 
 How a page runs: its runnable blocks, in order, as one bash script in a fresh temporary directory outside
 the repository, with the README's placeholders set (`$DATA`: a folder of the shared data under the official
-file names, small copies of the GLUE sets; `$CORPUS`: a glob of a small slice of Gutenberg; `$HF_BERT`:
-all-MiniLM-L6-v2), `python` the interpreter running the tests and this checkout first on PYTHONPATH. Each
+file names, small copies of the GLUE sets; `$CORPUS`: a glob of a small slice of Gutenberg; `$HF_BERT`: a
+small random Hugging Face BERT with Google's vocabulary), `python` the interpreter running the tests and this checkout first on PYTHONPATH. Each
 command is first made small by the rule of `SMALL` its program matches (flags appended or substituted:
 fewer steps, examples and shards; `gs://` buckets made local; the pod launcher's `--dry_run`); a command
 that matches no rule fails the suite, so a new documented command needs a rule or a marker.
@@ -235,7 +235,23 @@ def test_small_rules():
 # ----------------------------------------------------------------------------- the commands
 
 
-def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path, minilm_dir: pathlib.Path) -> dict:
+def tiny_hf_bert(out: pathlib.Path, vocab_file: pathlib.Path) -> pathlib.Path:
+    """A small random Hugging Face BertModel directory (config.json, model.safetensors, vocab.txt) in `out`: a
+    stand-in for $HF_BERT that the documented commands load and train quickly."""
+    import shutil
+
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=256)
+    transformers.BertModel(config).save_pretrained(out)
+    shutil.copyfile(vocab_file, out / "vocab.txt")
+    return out
+
+
+def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     """The placeholders' values (files under `root`) and the environment of a documented command."""
     data = root / "data"
     (data / "squad").mkdir(parents=True)
@@ -257,15 +273,16 @@ def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path, minilm_dir: pathlib
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link would leave the venv
     (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SQUAD_DIR", "GLUE_DIR")}
-    env.update(DATA=str(data), CORPUS=str(corpus / "*.txt"), HF_BERT=str(minilm_dir), JAX_PLATFORMS="cpu",
+    hf_bert = tiny_hf_bert(root / "hf_bert", data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    env.update(DATA=str(data), CORPUS=str(corpus / "*.txt"), HF_BERT=str(hf_bert), JAX_PLATFORMS="cpu",
                PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p]))
     return env
 
 
 @pytest.fixture(scope="module")
-def doc_env(tmp_path_factory, data_dir, minilm_dir):
-    return make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir, minilm_dir)
+def doc_env(tmp_path_factory, data_dir):
+    return make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir)
 
 
 def run_page(page: str, env: dict, workdir: pathlib.Path) -> subprocess.CompletedProcess:
