@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
 # `make demo` installs only the package (what the demo needs); `make test` adds the test extra (the
-# reference implementation: torch, transformers), the tpu extra (libtpu, for AOT compilation) and the tf
+# reference implementation: torch, transformers), the tpu extra (libtpu: the tests compile TPU programs ahead of time) and the tf
 # extra (TensorFlow's checkpoint reader, for Google's original checkpoints).
 PYTHON ?= python3.11
 VENV := .venv

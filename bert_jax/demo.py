@@ -61,7 +61,7 @@ _RANDOM_BASELINE = flags.DEFINE_bool("random_baseline", True, "Also fine-tune ea
 SQUAD_DOWNLOAD = ("python -m bert_jax.data.download squad --output_dir data/squad   "
                   "(then: make demo SQUAD_DIR=data/squad)")
 GLUE_DOWNLOAD = "GLUE's SST-2 (train.tsv, dev.tsv) from gluebenchmark.com into DIR/SST-2 (then: make demo GLUE_DIR=DIR)"
-BENCHMARK = "benchmarks/transfer.py (README: Transfer)"
+BENCHMARK = "benchmarks/transfer.py (docs/transfer-findings.md)"
 
 
 class DemoError(Exception):
@@ -293,7 +293,7 @@ def _print_summary(summary: dict) -> None:
         print(f"pre-training this short (a few minutes of the tiny model) does not beat random init yet. The budget "
               f"that does, measured step by step with {BENCHMARK}: about an hour of this recipe on one CPU device for "
               f"SQuAD; SST-2 on 2000 sentences needs more than 1.2 M pre-training sequences (more than an encoder "
-              f"just past the MLM plateau), and the README says why")
+              f"just past the MLM plateau), and docs/transfer-findings.md says why")
     print(f"total time: {summary['seconds']:.0f} s")
 
 

@@ -61,7 +61,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     max_norm, within an ulp above it). optax selects between the leaf and leaf / norm * max_norm, and XLA
     then writes the divided leaf out in full for its two readers (Adam's two moments), on every backend:
     the update is slower on XLA:CPU (`benchmarks/optimizer_update.py`) and the TPU step reads and writes
-    more HBM bytes (`benchmarks/aot_kernels.py`; README, Kernels), so this plain form is the only one.
+    more HBM bytes (`benchmarks/aot_kernels.py`; docs/kernels.md), so this plain form is the only one.
     A non-finite norm gives non-finite updates, which the training loop reports.
 
     Raises:

@@ -9,9 +9,9 @@ turns them into the model's arguments (model code never sees a ConfigDict).
 Sizes (L layers, H hidden, A heads): tiny 2/128/2 (CPU tests), mini 4/256/4, small 4/512/8,
 base 12/768/12 (paper: 110M parameters), large 24/1024/16 (paper: 340M). Vocab 30522, 512 positions.
 
-Recipes measured on this project's 2-core CPU (README: Transfer):
-  transfer  tiny, the recipe whose encoder fine-tunes better than random init within benchmarks/
-            transfer.py's budget (set model.vocab_size and the phases' data_dir);
+Recipes measured on this project's 2-core CPU (docs/transfer-findings.md):
+  transfer  tiny, the recipe whose encoder fine-tunes SQuAD better than random init within benchmarks/
+            transfer.py's budget (not SST-2 on 2,000 sentences; set model.vocab_size and the phases' data_dir);
   demo      the same recipe shortened to the few minutes of `make demo`.
 """
 
@@ -95,7 +95,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.adam_eps = 1e-6
     config.max_grad_norm = 1.0  # global-norm clipping (original)
     # MLM output bias at the start: "zeros" (original) or "log_prior", the log unigram distribution of
-    # the first phase's masked targets (the head starts at the context-free optimum; README: Transfer)
+    # the first phase's masked targets (the head starts at the context-free optimum; docs/transfer-findings.md)
     config.mlm_bias_init = "zeros"
     config.grad_accum_steps = 1  # micro-batches per optimizer step
     # Two phases in one run (paper, appendix A.2): length 128 for 90% of the steps, then 512 for 10%.
