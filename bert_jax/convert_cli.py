@@ -1,7 +1,7 @@
 """The conversion command, `python -m bert_jax.convert`:
 
   to_hf   --checkpoint WORKDIR_OR_STEP --output_dir DIR   a bert_jax run (pre-training: BertForPreTraining;
-          fine-tuning: its task model, e.g. BertForQuestionAnswering) -> a Hugging Face directory that
+          fine-tuning: its task model, e.g. BertForQuestionAnswering; an encoder alone: BertModel) -> a Hugging Face directory that
           transformers' `AutoModelFor...` / `AutoTokenizer` load: config.json, model.safetensors, vocab.txt,
           tokenizer_config.json (casing);
   from_hf --input HF_DIR --output_dir DIR                 a Hugging Face BERT directory -> a bert_jax checkpoint
@@ -75,6 +75,8 @@ def to_hf(checkpoint: str, output_dir: str) -> str:
         raise ValueError(f"--checkpoint={checkpoint!r} is not a bert_jax run (it is already a Hugging Face or "
                          "TensorFlow checkpoint)")
     params, saved_config = _host_params(init)
+    if set(params) == {"bert"}:  # an encoder alone (from_hf / from_tf of a BertModel): a BertModel directory
+        params = params["bert"]
     labels = _labels(saved_config)
 
     def write(tmp: str) -> None:

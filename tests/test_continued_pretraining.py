@@ -363,3 +363,25 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     bad = subprocess.run([sys.executable, "-m", "bert_jax.convert", command, "--input", str(tmp_path / "none"),
                           "--output_dir", str(tmp_path / "bad")], capture_output=True, text=True)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def test_an_encoder_alone_goes_from_hf_and_back_to_a_bert_model(tmp_path):
+    """from_hf of a Hugging Face BertModel (no heads) and then to_hf of that checkpoint: a BertModel directory
+    that transformers loads with the source's tensors, bit for bit."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    source = transformers.BertModel(config).eval()
+    source.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                                         + [f"w{i}" for i in range(94)]) + "\n")
+    _run(["-m", "bert_jax.convert", "from_hf", "--input", "hf", "--output_dir", "ckpt"], tmp_path)
+    _run(["-m", "bert_jax.convert", "to_hf", "--checkpoint", "ckpt", "--output_dir", "back"], tmp_path)
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["BertModel"]
+    back = transformers.BertModel.from_pretrained(tmp_path / "back")
+    want = source.state_dict()
+    for name, tensor in back.state_dict().items():
+        np.testing.assert_array_equal(tensor.numpy(), want[name].numpy(), err_msg=name)
