@@ -5,7 +5,6 @@ import contextlib
 import functools
 import hashlib
 import http.server
-import io
 import json
 import os
 import pathlib
@@ -21,7 +20,6 @@ import pytest
 from bert_jax.data import download
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SQUAD_V2_DEV = ("cs224n-dev-v2.0.json", "dev-v2.0.json")  # the shared copy's; the published one
 
 
 def _sha(data: bytes) -> str:
@@ -178,6 +176,14 @@ def test_output_dir_errors_are_ours(tmp_path, capsys, make_output_dir):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
+def test_bad_flags_are_one_line(tmp_path, capsys):
+    assert download.main(["squad", f"--output_dir={tmp_path / 'out'}", "--version=3.0"]) == 1
+    assert capsys.readouterr().err.strip() == "download: --version '3.0' is not one of ['1.1', '2.0'] or 'all'"
+    assert download.main(["vocab", f"--output_dir={tmp_path / 'out'}", "--timeout=0"]) == 1
+    assert capsys.readouterr().err.strip() == "download: --timeout=0.0 must be a positive number of seconds"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_glue_mrpc_rule_and_squad_subset_rule():
     train = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n1\t1\t2\tA.\tB.\r\n0\t3\t4\tC.\tD.\r\n"
     test = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t5\t6\tE.\tF.\n"
@@ -203,24 +209,31 @@ def _make(tmp_path, *args, **env):
         shutil.copyfile(ROOT / name, repo / name)
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
-    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (venv / "bin" / "python").write_text(  # pytest itself only says which data folder it was given
+        '#!/bin/sh\nif [ "$1 $2" = "-m pytest" ]; then echo "pytest BERT_JAX_DATA=$BERT_JAX_DATA"; exit 0; fi\n'
+        f'exec "{sys.executable}" "$@"\n')
     (venv / "bin" / "python").chmod(0o755)
     (venv / ".installed").touch()
     full_env = {k: v for k, v in os.environ.items() if k != "BERT_JAX_DATA"}
     full_env.update(PYTHONPATH=str(ROOT), **env)
     return subprocess.run(["make", "-s", f"VENV={venv}", *args], cwd=repo, env=full_env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
 
 
 def test_make_test_fetches_only_without_the_data_folder(tmp_path):
     dry = _make(tmp_path, "-n", "test")
-    assert "bert_jax.data.download all --output_dir .data" in dry.stdout and "pytest -q tests" in dry.stdout
-    for given in ({"BERT_JAX_DATA": str(tmp_path)}, ):
-        dry = _make(tmp_path, "-n", "test", **given)
-        assert "bert_jax.data.download" not in dry.stdout and "pytest -q tests" in dry.stdout, dry.stdout
+    assert "bert_jax.data.download all --output_dir .data" in dry.stdout and "-m pytest" in dry.stdout
+    dry = _make(tmp_path, "-n", "test", BERT_JAX_DATA=str(tmp_path))
+    assert "bert_jax.data.download" not in dry.stdout and "-m pytest" in dry.stdout, dry.stdout
+    (tmp_path / "repo" / ".data").mkdir()
+    (tmp_path / "repo" / ".data" / "README.md").write_text("downloaded before\n")  # fetched once, then reused
+    run = _make(tmp_path, "test")
+    assert run.returncode == 0 and run.stdout == f"pytest BERT_JAX_DATA={tmp_path / 'repo' / '.data'}\n", run
     (tmp_path / "shared" / "data").mkdir(parents=True)  # ../shared/data of the checkout, as in CI
     dry = _make(tmp_path, "-n", "test")
-    assert "bert_jax.data.download" not in dry.stdout and "pytest -q tests" in dry.stdout, dry.stdout
+    assert "bert_jax.data.download" not in dry.stdout and "-m pytest" in dry.stdout, dry.stdout
+    run = _make(tmp_path, "test")
+    assert run.returncode == 0 and run.stdout == "pytest BERT_JAX_DATA=\n", run  # conftest's default: unchanged
 
 
 def test_make_test_without_network_says_what_to_set(tmp_path):

@@ -322,7 +322,7 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
     sha256 table (default `SHA256`).
 
     Raises:
-      ValueError: an unknown dataset or version; a sha256 mismatch (naming the file and both hashes); an
+      ValueError: an unknown dataset or version, a timeout not above 0; a sha256 mismatch (naming the file and both hashes); an
         archive without its expected members.
       ConnectionError: a network failure (naming the URL).
       NotADirectoryError, PermissionError: `output_dir` cannot be created or written (naming it).
@@ -332,6 +332,8 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
     if dataset == "all":
         version = "all"
     plan = [(d, sources(d, version)) for d in datasets]  # ValueError before anything is touched
+    if not timeout > 0:
+        raise ValueError(f"--timeout={timeout} must be a positive number of seconds")
     storage.check_output_dir(output_dir, "--output_dir")
     expected = SHA256 if expected is None else expected
     work = storage.staging_dir(output_dir)
