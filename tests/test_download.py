@@ -101,7 +101,8 @@ def test_every_dataset_into_the_tests_layout(mirror, data_dir, tmp_path, capsys)
     # Every file of the shared folder is there, bit for bit, derived files included (MRPC by GLUE's rule,
     # gutenberg-sentences.txt by its regular expression, the 44-article subset); in place of the unpublished
     # cs224n-dev-v2.0.json, the published dev-v2.0.json (the tests read either). The table's hashes hold.
-    shared = {name: data for name, data in _tree(data_dir).items() if name not in ("README.md", "squad/cs224n-dev-v2.0.json")}
+    shared = {name: data for name, data in _tree(data_dir).items()
+              if name not in ("README.md", "squad/cs224n-dev-v2.0.json")}
     assert sorted(set(shared) - set(out)) == [] and "squad/dev-v2.0.json" in out and "README.md" in out
     for name, data in shared.items():
         assert out[name] == data, name

@@ -155,7 +155,8 @@ def sources(dataset: str, version: str = "1.1") -> list[Source]:
     if dataset == "gutenberg":
         return [Source("corpus/gutenberg.zip", NLTK_GUTENBERG_URL)]
     if dataset == "wikitext-2":
-        return [Source(f"corpus/wikitext-2/{name}", WIKITEXT2_URL + name) for name in ("valid.txt", "test.txt", "README")]
+        return [Source(f"corpus/wikitext-2/{name}", WIKITEXT2_URL + name)
+                for name in ("valid.txt", "test.txt", "README")]
     if dataset == "sample_text":
         return [Source("corpus/bert_sample_text.txt", SAMPLE_TEXT_URL)]
     if dataset == "vocab":
@@ -278,8 +279,12 @@ def _write(work: str, name: str, text: str) -> None:
 
 
 def _read(work: str, name: str) -> str:
-    with open(os.path.join(work, name), encoding="utf-8", newline="") as f:
-        return f.read()
+    """The text of the file `name` of `work`. Raises ValueError naming it when it is not UTF-8."""
+    try:
+        with open(os.path.join(work, name), encoding="utf-8", newline="") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not UTF-8 text ({e})") from None
 
 
 def _build(work: str, dataset: str, version: str, expected: dict[str, str]) -> list[str]:
@@ -288,8 +293,12 @@ def _build(work: str, dataset: str, version: str, expected: dict[str, str]) -> l
     names = [s.name for s in sources(dataset, version)]
     fetched = set(names)
     if dataset == "squad" and "squad/train-v1.1.json" in names:
-        with open(os.path.join(work, "squad/train-v1.1.json"), encoding="utf-8") as f:
-            _write(work, "squad/train-v1.1-subset-44articles.json", squad_subset(json.load(f)))
+        try:
+            train = json.loads(_read(work, "squad/train-v1.1.json"))
+            subset = squad_subset(train)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"squad/train-v1.1.json: not a SQuAD JSON file ({e})") from None
+        _write(work, "squad/train-v1.1-subset-44articles.json", subset)
         names.append("squad/train-v1.1-subset-44articles.json")
     elif dataset == "glue":
         split = {f"SST-2/{n}": f"glue/SST-2/{n}" for n in ("train.tsv", "dev.tsv", "test.tsv")}
@@ -322,8 +331,8 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
     sha256 table (default `SHA256`).
 
     Raises:
-      ValueError: an unknown dataset or version, a timeout not above 0; a sha256 mismatch (naming the file and both hashes); an
-        archive without its expected members.
+      ValueError: an unknown dataset or version, a timeout not above 0; a sha256 mismatch (naming the file
+        and both hashes); an archive without its expected members; a file that is not what it should be.
       ConnectionError: a network failure (naming the URL).
       NotADirectoryError, PermissionError: `output_dir` cannot be created or written (naming it).
     Nothing is left in or beside `output_dir` when it raises.
