@@ -29,5 +29,19 @@ GLUE_DIR ?= $(wildcard ../shared/data/glue)
 demo: $(DEMO_STAMP)
 	SQUAD_DIR="$(SQUAD_DIR)" GLUE_DIR="$(GLUE_DIR)" $(VENV)/bin/python -m bert_jax.demo
 
-test: $(TEST_STAMP)
+# The tests' data (tests/conftest.py reads BERT_JAX_DATA, default ../shared/data). When neither is there (a
+# fresh clone), the public files are downloaded once into the ignored folder .data, checked against their
+# sha256, and BERT_JAX_DATA points there. DATA_MIRROR: a mirror URL instead of the official homes.
+ifeq ($(BERT_JAX_DATA)$(wildcard ../shared/data),)
+export BERT_JAX_DATA := $(CURDIR)/.data
+TEST_DATA := .data/README.md
+endif
+
+.data/README.md: | $(TEST_STAMP)
+	@$(VENV)/bin/python -m bert_jax.data.download all --output_dir .data $(if $(DATA_MIRROR),--base_url $(DATA_MIRROR)) \
+	    2>.data.err || { echo "make test: no test data: $$(tail -n 1 .data.err); set BERT_JAX_DATA to a folder \
+	with the shared data, or rerun with a network (python -m bert_jax.data.download all --output_dir .data)" >&2; \
+	rm -f .data.err; exit 1; }; rm -f .data.err
+
+test: $(TEST_STAMP) $(TEST_DATA)
 	$(VENV)/bin/python -m pytest -q tests

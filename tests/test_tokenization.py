@@ -26,7 +26,7 @@ from transformers.models.bert import tokenization_bert
 from bert_jax.data.tokenization import Tokenizer
 
 UNCASED_VOCAB = "vocab/bert-base-uncased-vocab.txt"
-SQUAD_FILES = ("squad/dev-v1.1.json", "squad/train-v1.1-subset-44articles.json", "squad/cs224n-dev-v2.0.json")
+SQUAD_FILES = ("squad/dev-v1.1.json", "squad/train-v1.1-subset-44articles.json")  # and v2.0 dev (squad_v2_dev)
 
 
 class _ReferenceTokenizer(transformers.BertTokenizer):
@@ -78,8 +78,9 @@ def reference(uncased_vocab):
 
 
 @pytest.fixture(scope="module")
-def squad(data_dir):
-    return {name: json.loads((data_dir / name).read_text(encoding="utf-8"))["data"] for name in SQUAD_FILES}
+def squad(data_dir, squad_v2_dev):
+    paths = [data_dir / name for name in SQUAD_FILES] + [squad_v2_dev[0]]
+    return {str(p.relative_to(data_dir)): json.loads(p.read_text(encoding="utf-8"))["data"] for p in paths}
 
 
 def _corpus_lines(data_dir, squad):

@@ -50,7 +50,9 @@ def test_glue_training_text_as_documents(data_dir):
     sst2 = list(corpus.read_glue_documents([str(data_dir / "glue" / "SST-2" / "train.tsv")], "sst2", corpus.ReadStats(),
                                            sentences_per_document=8))
     assert sum(len(d) for d in sst2) == 67349 and len(sst2) == math.ceil(67349 / 8)
-    assert sst2[0][:2] == ["when are bears bears and", "kids , spirit"]
+    # The shared copy's row order differs from the published file's (GLUE's SST-2.zip, as downloaded).
+    assert sst2[0][:2] in (["when are bears bears and", "kids , spirit"],
+                           ["hide new secretions from the parental units", "contains no wit , only labored gags"])
     mrpc = list(corpus.read_glue_documents([str(data_dir / "glue" / "MRPC" / "train.tsv")], "mrpc", corpus.ReadStats()))
     assert len(mrpc) == 3668 and all(len(d) == 2 for d in mrpc)
 
