@@ -43,5 +43,9 @@ endif
 	with the shared data, or rerun with a network (python -m bert_jax.data.download all --output_dir .data)" >&2; \
 	rm -f .data.err; exit 1; }; rm -f .data.err
 
+# Every tier (unit, integration, slow: tests/conftest.py) on two pytest-xdist workers; TEST_WORKERS=1 runs
+# them in this process.
+TEST_WORKERS ?= 2
+
 test: $(TEST_STAMP) $(TEST_DATA)
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests

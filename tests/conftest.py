@@ -1,11 +1,19 @@
-"""Shared test setup: 8 simulated CPU devices, the real-data folder and the real-weights folder.
+"""Shared test setup: 8 simulated CPU devices, the real-data folder and the real-weights folder, the tiers.
 
 The real data is found through one setting, the environment variable BERT_JAX_DATA (default
 ../shared/data from the project root). Missing data is a test failure, never a skip.
+
+Tiers (markers, setup.cfg): `unit` (in one process, seconds), `integration` (commands run as a user runs
+them, in subprocesses, or whole jobs end to end), `slow` (either, longer than ~20 s on a 2-core CPU). A test
+is `unit` unless its module or itself is marked `integration` or `slow`; `pytest -m unit` is the fast loop.
+Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), a module whose tests share an expensive
+module-scoped fixture is one group (one worker computes the fixture once), and slow tests are sent first.
+One JAX compilation cache serves the session and the commands it runs: identical programs compile once.
 """
 
 import os
 import pathlib
+import tempfile
 
 # Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -13,10 +21,41 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # libtpu (the [tpu] extra, for AOT compilation) is present in CI: keep JAX itself on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One persistent compilation cache for this session, its xdist workers and every subprocess they start
+# (inherited through the environment): the programs a test compiles again in a new process are read back.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_tests_jax_cache_")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _module_fixtures(module) -> set[str]:
+    """The names of the module- or session-scoped fixtures a test module defines."""
+    names = set()
+    for name, value in vars(module).items():
+        marker = getattr(value, "_fixture_function_marker", None)
+        if marker is not None and marker.scope in ("module", "session"):
+            names.add(marker.name or name)
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    shared = {}
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in ("integration", "slow")):
+            item.add_marker(pytest.mark.unit)
+        module = item.module
+        if module not in shared:
+            shared[module] = _module_fixtures(module)
+        if shared[module] & set(item.fixturenames):  # computed once: every such test of the module on one worker
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+    slow_groups = {item.module for item in items
+                   if item.get_closest_marker("slow") and shared[item.module] & set(item.fixturenames)}
+    # Slow tests (and the groups holding them) first, so that two workers finish together.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.module in slow_groups else 1)
 
 
 def shared_data_dir() -> pathlib.Path:

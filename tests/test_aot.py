@@ -11,6 +11,8 @@ from conftest import ROOT
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]')")
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
     cmd = [sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny", "--topology", "v3-8",
            "--config.model.dtype=bfloat16", "--config.total_steps=1000"]
@@ -29,6 +31,7 @@ def test_tiny_config_compiles_for_a_v3_8_and_reports(tmp_path):
     assert "roofline for the whole schedule (1000 steps)" in out
 
 
+@pytest.mark.integration
 def test_unknown_topology_is_one_line():
     result = subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny",
                              "--topology", "v9-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -36,6 +39,7 @@ def test_unknown_topology_is_one_line():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 def test_unknown_mesh_preset_and_positional_arguments_are_one_line():
     base = [sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny", "--topology", "v3-8"]
     result = subprocess.run(base + ["--config.mesh.preset=v9-1"], cwd=ROOT, capture_output=True, text=True,
@@ -48,6 +52,7 @@ def test_unknown_mesh_preset_and_positional_arguments_are_one_line():
     assert result.stderr.strip().splitlines()[-1] == "unexpected arguments ['stray']"
 
 
+@pytest.mark.integration
 def test_pod_presets_cover_their_topologies():
     """Each pod's mesh preset uses exactly the devices libtpu's topology exposes (v3 two per chip; v4
     one megacore device per chip, as on a real slice; v5e one), and the paper's pods are 16 and 64 chips

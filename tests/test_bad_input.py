@@ -16,6 +16,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # every test runs commands in subprocesses
+
 BINARY = bytes(range(256)) * 64  # what /bin/ls is to a text reader: NUL bytes and invalid UTF-8 throughout
 
 

@@ -136,6 +136,7 @@ def test_damaged_newest_checkpoint_falls_back(damage, instances, run, tmp_path, 
         f"checkpoint 4 in {tmp_path / 'checkpoints'} is unreadable (")
 
 
+@pytest.mark.integration
 def test_no_readable_checkpoint_is_one_line_from_the_cli_and_stays_so(instances, run, tmp_path):
     checkpoints = _copy(run, tmp_path)
     for step in (2, 4):
@@ -192,6 +193,8 @@ def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run
     assert (checkpoints / "4.unreadable").is_dir()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
     """A real full disk: a 70 MB tmpfs holds one tiny checkpoint (about 47 MB: parameters and both Adam
     moments over the 30522-token vocabulary) and not two, so the asynchronous save of step 4 runs out of

@@ -24,6 +24,7 @@ def _without_tpu_settings():
     return dict(env, PYTHONPATH=str(ROOT))
 
 
+@pytest.mark.integration
 def test_a_command_prints_no_libtpu_probe_on_a_host_without_a_tpu(tmp_path):
     pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]')")
     env = _without_tpu_settings()

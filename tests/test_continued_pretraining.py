@@ -191,6 +191,7 @@ def _env():
     return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sigkilled_continued_run_resumes_from_its_workdir_not_the_source(instances, hf_pretraining, tmp_path):
     _, path = hf_pretraining
@@ -218,6 +219,7 @@ def test_sigkilled_continued_run_resumes_from_its_workdir_not_the_source(instanc
         np.testing.assert_array_equal(got[k], v, err_msg=k)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["missing", "unknown", "vocabulary", "model_flag"])
 def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_pretraining, tmp_path):
     _, path = hf_pretraining
@@ -276,6 +278,7 @@ def _run(cmd, cwd, timeout=600):
     return result
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path):
     """From a directory outside the repository: pre-train a tiny model, fine-tune SQuAD from its workdir
@@ -329,6 +332,8 @@ def _tiny_config(init):
     return config
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["from_hf", "from_tf"])
 def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf_pretraining, tmp_path):
     """from_hf / from_tf write a checkpoint directory that init_checkpoint reads alone, with the source's
@@ -365,6 +370,7 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.integration
 def test_an_encoder_alone_goes_from_hf_and_back_to_a_bert_model(tmp_path):
     """from_hf of a Hugging Face BertModel (no heads) and then to_hf of that checkpoint: a BertModel directory
     that transformers loads with the source's tensors, bit for bit."""

@@ -46,6 +46,7 @@ def test_process_flags_without_a_coordinator_are_one_line(calls):
     assert calls == []
 
 
+@pytest.mark.integration
 def test_finetune_cli_takes_the_launcher_flags(tmp_path):
     """launch/tpu_vm_pod.sh passes --jax_distributed to every entry point: the fine-tuning CLI accepts the
     multi-host flags and initialises jax.distributed (here one real process) before the job runs."""

@@ -301,6 +301,8 @@ def _page_params():
     return [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES else p for p in PAGES if _runnable(p)]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("page", _page_params())
 def test_page_commands_run(page, doc_env, tmp_path):
     workdir = tmp_path / "work"  # outside the repository

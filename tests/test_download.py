@@ -221,6 +221,7 @@ def _make(tmp_path, *args, **env):
                           text=True, timeout=120, check=False)
 
 
+@pytest.mark.integration
 def test_make_test_fetches_only_without_the_data_folder(tmp_path):
     dry = _make(tmp_path, "-n", "test")
     assert "bert_jax.data.download all --output_dir .data" in dry.stdout and "-m pytest" in dry.stdout
@@ -237,6 +238,7 @@ def test_make_test_fetches_only_without_the_data_folder(tmp_path):
     assert run.returncode == 0 and run.stdout == "pytest BERT_JAX_DATA=\n", run  # conftest's default: unchanged
 
 
+@pytest.mark.integration
 def test_make_test_without_network_says_what_to_set(tmp_path):
     result = _make(tmp_path, "test", "DATA_MIRROR=http://127.0.0.1:9")
     lines = result.stderr.strip().splitlines()

@@ -31,6 +31,7 @@ def _iterator(path, **kw):
     return pipeline.make_pretraining_iterator(str(path), **args)
 
 
+@pytest.mark.integration
 def test_tokenized_documents_metadata(gutenberg, data_dir):
     """The command's shards (3, tokenized by 2 processes) hold the corpus's documents in order, each sentence
     tokenized as the tokenizer does alone; the counts and the token histogram add up."""
@@ -93,6 +94,7 @@ def test_documents_are_the_same_for_any_shard_or_worker_count(documents, data_di
         document_shards.decode_document(np.array([3, 1, 1], "<i4").tobytes())
 
 
+@pytest.mark.integration
 def test_dynamic_instances_statistics_in_the_originals_bands(gutenberg):
     """Gutenberg at 128 / 20, 6400 instances: 15% of candidates masked, 80/10/10, NotNext near half (the
     original's band over seeds: IsNext 47.3-48.0%, benchmarks/instance_statistics.py), exact layout."""

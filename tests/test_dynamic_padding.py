@@ -238,6 +238,7 @@ def test_multiple_choice_bucketed_predictions(mesh):
     np.testing.assert_allclose(ours.logits, fixed.logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_same_loss_and_one_program_per_bucket(mesh, monkeypatch):
     """NER-style token classification (labels and weights [N, L], cut with the inputs), dropout off:
     the bucketed batches train exactly as the fixed ones (same rows, same order: same losses within

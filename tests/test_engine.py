@@ -36,6 +36,7 @@ def two_phase_run(instances, tmp_path_factory):
     return config, built[0]
 
 
+@pytest.mark.slow
 def test_train_step_compiles_once_per_phase(two_phase_run):
     _, program = two_phase_run
     assert program.train_step._cache_size() == 2  # phase 1 (length 64) and phase 2 (length 128), 3 steps each
@@ -105,6 +106,7 @@ def _classifier_on_one_device(bert: modeling.BertConfig, num_labels: int, task: 
     return model, mesh, tx, schedule, init, shardings
 
 
+@pytest.mark.slow
 def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     """The fine-tuning loss through engine.train_step: 2 micro-batches (the whole batch's row count as
     denominator) give the one-batch update (no dropout)."""
@@ -134,6 +136,7 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
                           loss_fn=lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn))
 
 
+@pytest.mark.slow
 def test_shared_update_step_equals_the_one_program_step():
     """The update as one program for every batch shape (engine.SharedUpdateStep) takes the one-program
     step's steps: same parameters, optimizer state and metrics after steps at two lengths with dropout,

@@ -132,6 +132,7 @@ def test_json_of_minilm_features(truth, npz_run, tmp_path):
     _check_json(path, reference)
 
 
+@pytest.mark.integration
 def test_json_command_matches_transformers(tiny_hf, tmp_path):
     """`python -m bert_jax.extract_features` with the original's flags and output; 2 devices, 3 examples per
     batch (4 rows, padding rows in both batches), two batches."""

@@ -110,6 +110,7 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
                               encoders[None]["embeddings/word_embeddings/embedding"])
 
 
+@pytest.mark.slow
 def test_hf_encoder_and_fresh_head(minilm_dir):
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(minilm_dir)
@@ -200,6 +201,7 @@ def test_squad_finetunes_from_a_bert_jax_checkpoint(pretrained, small_squad, dat
     assert list((tmp_path / "run" / "tensorboard").iterdir())
 
 
+@pytest.mark.slow
 def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
     """3 SQuAD steps (dropout on) on one device and on a (2, 2, 2) mesh give the same losses."""
     vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"

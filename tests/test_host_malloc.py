@@ -54,6 +54,7 @@ def _faults_per_call(environ):
     return json.loads(result.stdout.splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
 def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
     base = _environ_untuned()
@@ -66,6 +67,7 @@ def test_tunables_stop_xla_from_faulting_its_buffer_in_on_every_call():
     assert tuned < PAGES_64MIB / 100
 
 
+@pytest.mark.integration
 def test_local_cpu_launcher_exports_the_tunables(tmp_path):
     (tmp_path / "show_env.py").write_text("import os; print(os.environ.get('GLIBC_TUNABLES', ''))\n")
     env = _environ_untuned()
@@ -80,6 +82,7 @@ def test_local_cpu_launcher_exports_the_tunables(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == ""
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
 def test_reexec_tuned_reruns_the_same_process_once_under_the_tunables():
     code = ("import os; from bert_jax import host_malloc; print('start', os.getpid(), flush=True); "

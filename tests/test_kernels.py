@@ -257,6 +257,7 @@ def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch)
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **_tol(dtype, 1e-4, 1e-1))
 
 
+@pytest.mark.slow
 def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
     """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes the kernel
     (the same logits as the reference set within bfloat16's tolerance); float32, and a bfloat16 training pass

@@ -4,7 +4,11 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.integration  # every test runs commands in subprocesses
 
 POD = [str(ROOT / "launch" / "tpu_vm_pod.sh")]
 

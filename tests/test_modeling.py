@@ -156,6 +156,7 @@ def test_scan_matches_layer_loop(kernel_set):
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, back, jax.device_get(params)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,scan", [("full", False), ("dots", True)])
 def test_remat_gives_the_same_gradients(kernel_set, policy, scan):
     tiny = TINY.replace(kernels=kernel_set)
@@ -193,6 +194,7 @@ def test_padding_does_not_change_real_tokens(kernel_set):
     np.testing.assert_allclose(out2.pooled_output, out.pooled_output, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_output_positions_equal_the_full_rows(kernel_set, scan):
     """The last layer at some positions only (output_positions) = the full encoder's rows there: states,

@@ -16,6 +16,8 @@ from flax import traverse_util
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # every test runs commands in subprocesses
+
 
 def _args(instances, workdir, max_steps, extra=()):
     return ["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
@@ -85,6 +87,7 @@ def _assert_same(a, b):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.slow
 def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, tmp_path):
     one = _single(instances, tmp_path / "one", 10)
     two = _two_processes(instances, tmp_path / "two", 10)
@@ -105,6 +108,7 @@ def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, t
     _assert_same(_params(_state(tmp_path / "back", 10, like=reference)), _params(reference))
 
 
+@pytest.mark.slow
 def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documents, tmp_path):
     """Packed rows from dynamic instances differ per process, and so does each process's grain state: a
     two-process run stopped at step 5 and resumed ends with the parameters of the uninterrupted run."""

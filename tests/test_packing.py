@@ -115,6 +115,7 @@ def _per_instance_losses(model, params, batch, instances_per_row):
     return mlm, nsp
 
 
+@pytest.mark.slow
 def test_packed_batch_gives_each_instance_its_unpacked_losses_and_gradients(instances):
     """A packed batch of real instances and the same instances one per row: equal per-prediction MLM and
     per-instance NSP losses, equal total loss and gradients, within 1e-5 (float32)."""

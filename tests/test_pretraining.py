@@ -257,6 +257,7 @@ def test_fuzz_instance_builder(doc_sentence_lengths, max_seq_length, whole_word,
     _check_layout(x, Ids, max_seq_length, options.max_predictions_per_seq, whole_word=whole_word)
 
 
+@pytest.mark.integration
 def test_cli_writes_instances_and_fails_cleanly(data_dir, tmp_path):
     vocab = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
     cmd = [sys.executable, "-m", "bert_jax.data.create_pretraining_data",

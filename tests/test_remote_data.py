@@ -63,6 +63,7 @@ def _params(workdir, step):
     return traverse_util.flatten_dict(jax.device_get(restored["state"]["params"]), sep="/")
 
 
+@pytest.mark.slow
 def test_tokenized_documents_at_a_uri_train_bit_for_bit_as_local_ones(s3, data_dir, tmp_path):
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     remote, local = f"{s3}/docs", tmp_path / "docs"

@@ -114,6 +114,7 @@ def _reference_ids_parallel(vocab_file, texts, do_lower_case=True, processes=2):
     return out
 
 
+@pytest.mark.slow
 def test_ids_match_reference_on_every_corpus_line(data_dir, squad, tokenizer, uncased_vocab):
     lines = _corpus_lines(data_dir, squad)
     distinct = list(dict.fromkeys(lines))

@@ -58,6 +58,7 @@ def single_device_run(instances):
     return _run_steps(config, mesh, 20)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)], ids=["data8", "2x2x2", "tensor8"])
 def test_meshes_match_a_single_device(shape, instances, single_device_run):
     assert jax.device_count() == 8
@@ -68,6 +69,7 @@ def test_meshes_match_a_single_device(shape, instances, single_device_run):
     _assert_layout_by_hand(state)
 
 
+@pytest.mark.slow
 def test_reference_kernels_train_the_same_on_a_mesh_as_on_one_device(instances, single_device_run):
     """kernels=reference (flax's Dropout on JAX's partitionable threefry PRNG, optax clipping): 20 steps
     on a 2x2x2 mesh give the single-device losses, which train, and follow the xla_cpu run's curve
@@ -242,6 +244,7 @@ def test_peak_flops_of_known_devices():
     assert flops.peak_flops_per_device(jax.devices()[0].device_kind) is None  # this CPU
 
 
+@pytest.mark.slow
 def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
     """With zero gradients AdamW's update is -lr * wd * param exactly where decay applies, 0 elsewhere."""
     import jax.numpy as jnp
@@ -336,6 +339,8 @@ def _kill_at(instances, workdir, at_least, delay, extra=(), phase1_data=None):
     proc.wait()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("where", ["phase1", "phase2"])
 def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, tmp_path):
     # Killed at a random point inside phase 1 (the resumed run then crosses the switch) or inside phase 2.
@@ -357,6 +362,8 @@ def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, t
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_sigkill_then_resume_is_bit_identical_with_dynamic_data_and_packing(instances, documents, uninterrupted_packed,
                                                                            uninterrupted, tmp_path):
     """Phase 1 draws dynamic instances from tokenized documents, both phases pack (grain's states in the
@@ -379,6 +386,8 @@ def test_sigkill_then_resume_is_bit_identical_with_dynamic_data_and_packing(inst
     assert any(not np.array_equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_sigterm_saves_and_exits_cleanly(instances, tmp_path):
     proc = subprocess.Popen(_cmd(instances, tmp_path, total_steps=10_000, extra=["--config.checkpoint_every=1000"]),
                             cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -397,6 +406,7 @@ def test_sigterm_saves_and_exits_cleanly(instances, tmp_path):
     assert stopped == step
 
 
+@pytest.mark.integration
 def test_config_error_is_one_line_from_the_cli(instances, tmp_path):
     cmd = _cmd(instances, tmp_path, extra=["--config.phases[1].data_dir=/nonexistent"])
     result = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
@@ -405,6 +415,7 @@ def test_config_error_is_one_line_from_the_cli(instances, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_path_factory):
     # The uninterrupted run used 4 devices on `data`; restore its final state onto 8 devices as 2x2x2.
     workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if re.fullmatch(r"uninterrupted\d+", p.name))
@@ -423,6 +434,7 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
         np.testing.assert_array_equal(restored[k], v, err_msg=k)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tmp_path):
     config = _config(instances, total_steps=12, checkpoint_every=2, log_every=100, keep_checkpoints=1)
     config.mesh.data = 8
@@ -440,6 +452,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tm
     assert all(np.isfinite(v).all() for v in good.values())
 
 
+@pytest.mark.slow
 def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
     """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, held-out MLM loss falls,
     and the next-sentence head learns at least the label prior on held-out books.
@@ -556,6 +569,7 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     assert ops == {"all-reduce"}, ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_set", ["reference", "xla_cpu"])
 def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     """k micro-batches give the update of the whole batch (no dropout), though they hold different

@@ -181,6 +181,7 @@ def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, d
     assert abs(float(np.corrcoef(peer.cls.predictions.bias.detach().numpy(), initial)[0, 1])) > 0.9
 
 
+@pytest.mark.slow
 def test_prepare_dynamic_data_tokenizes_once_for_both_phases(data_dir, tmp_path):
     """dynamic=True writes tokenized documents once into a data_dir the phases share, holding every
     document of the corpus, and each phase's iterator draws its own length from it."""

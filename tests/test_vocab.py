@@ -124,6 +124,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_cli(tmp_path, data_dir):
     out = tmp_path / "vocab.txt"
     corpus = data_dir / "corpus"
@@ -143,6 +144,7 @@ def test_cli(tmp_path, data_dir):
     assert not missing.exists()
 
 
+@pytest.mark.integration
 def test_cli_rejects_positional_arguments(tmp_path, data_dir):
     out = tmp_path / "vocab.txt"
     run = _cli(f"--input_file={data_dir / 'corpus' / 'bert_sample_text.txt'}", "--vocab_size=500",
