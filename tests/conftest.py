@@ -11,8 +11,10 @@ module-scoped fixture is one group (one worker computes the fixture once), and s
 One JAX compilation cache serves the session and the commands it runs: identical programs compile once.
 """
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 # Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes.
@@ -26,6 +28,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_tests_jax_cache_")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 

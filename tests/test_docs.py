@@ -281,8 +281,9 @@ def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def doc_env(tmp_path_factory, data_dir):
+    """Per page (a few seconds), so that the pages run on any test worker."""
     return make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir)
 
 
