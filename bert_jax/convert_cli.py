@@ -139,7 +139,7 @@ def _write_directory(output_dir: str, write) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__.split("\n\n")[0],
+    parser = errors.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("to_hf", help="a bert_jax run -> a Hugging Face directory")

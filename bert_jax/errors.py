@@ -3,14 +3,16 @@
 
 Every `python -m bert_jax...` entry point catches `USER_ERRORS` around its work and raises
 `exit_with(command, error)` (or prints its message and returns 1, where main returns a status); those
-built on absl run their main through `run`, which reports the command line's errors (flags absl cannot
-parse, a `--config.<field>` override of no field, unexpected arguments) the same way. Readers and jobs raise these types with a message that names the input
+built on absl run their main through `run`, those built on argparse parse with `ArgumentParser`; both
+report the command line's errors (flags that cannot be parsed, a `--config.<field>` override of no field,
+unexpected or missing arguments) the same way. Readers and jobs raise these types with a message that names the input
 (file, line, flag or config field) and what is wrong with it; any other exception is a defect and
 keeps its traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any, Callable, Sequence
 
@@ -73,3 +75,15 @@ def _unknown_override(argv: Sequence[str], error: BaseException) -> str | None:
     named = [o for o in overrides if field in re.split(r"[.\[\]]", o)[1:]] or overrides
     hint = f" ({' '.join(lines[1:])})" if len(lines) > 1 else ""
     return f"--{named[0]}: no field {field!r} in the config{hint}"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (an unknown command or option, a missing required argument, a bad
+    value) end the command as `exit_with` does: one line `<command>: <argparse's message>` on stderr, exit
+    status 1, instead of argparse's usage lines and exit status 2. `<command>` is `prog` without
+    "python -m bert_jax." and its packages ("convert", "convert from_hf"); subparsers are of this class too.
+    """
+
+    def error(self, message: str):
+        command = re.sub(r"^python -m (\w+\.)*", "", self.prog)
+        raise exit_with(command, ValueError(message))

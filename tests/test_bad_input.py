@@ -117,8 +117,8 @@ def test_train(inputs, instances):
 
 def test_command_line_errors(inputs):
     """absl's flag errors (an unknown flag, a bad value, a required flag missing), a --config.<field> override of
-    no field and unexpected arguments: one line `<command>: ...` naming the flag, not absl's two lines or
-    ml_collections' traceback."""
+    no field, unexpected arguments, and argparse's errors (convert): one line `<command>: ...` naming the flag,
+    not absl's two lines, argparse's usage or ml_collections' traceback."""
     tmp, vocab = inputs
     train = ["bert_jax.train", "--config", "pretrain:tiny", f"--workdir={tmp / 'run'}"]
     check_refused(tmp, train + ["--nosuch=1"], "train: ", "Unknown command line flag 'nosuch'")
@@ -135,6 +135,8 @@ def test_command_line_errors(inputs):
     check_refused(tmp, ["bert_jax.data.vocab", "--vocab_size=x", f"--input_file={tmp / 'corpus.txt'}",
                         f"--output_file={tmp / 'vocab.txt'}"], "vocab: ", "--vocab_size=x")
     check_refused(tmp, ["bert_jax.demo", "--bogus"], "demo: ", "Unknown command line flag 'bogus'")
+    check_refused(tmp, ["bert_jax.convert", "bogus"], "convert: ", "invalid choice: 'bogus'")
+    check_refused(tmp, ["bert_jax.convert", "from_hf", f"--input={tmp}"], "convert from_hf: ", "required: --output_dir")
 
 
 def _squad(path, answers: list) -> str:
