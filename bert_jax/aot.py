@@ -184,11 +184,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
     from bert_jax import configs, console
 
     console.install()
     configs.define_flag("Pre-training config, e.g. pretrain:base (a recipe name, or a config file path).")
     flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}.")
     flags.mark_flags_as_required(["config"])
-    app.run(main)
+    errors.run(main, "aot")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
+import os
 from typing import Any, Callable, Mapping
 
 import jax
@@ -180,3 +181,30 @@ def read_json(path: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"{path}: holds a JSON {type(values).__name__}, not an object of BERT config fields")
     return values
+
+
+def read_checkpoint_config(directory: str, name: str, kind: str, overrides: Mapping[str, Any]) -> BertConfig:
+    """The BertConfig of a checkpoint: `<directory>/<name>` (a Hugging Face config.json or the original's
+    bert_config.json), with `overrides` (BertConfig fields such as dtype, scan_layers) applied.
+
+    Raises:
+      FileNotFoundError: no `<name>` in `directory` (the message calls the directory `kind`, e.g.
+        "Hugging Face directory").
+      ValueError: as `read_json`; a `model_type` other than "bert", one of the first five architecture
+        fields missing, a `position_embedding_type` other than "absolute", or a value `from_dict` rejects.
+        Each message is one line naming the file.
+    """
+    config_file = os.path.join(directory, name)
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{config_file}: no {name} in the {kind}")
+    values = read_json(config_file)
+    model_type = values.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"{config_file}: model_type {model_type!r} is not a BERT model")
+    missing = [k for k in BERT_CONFIG_FIELDS[:5] if k not in values]
+    if missing:
+        raise ValueError(f"{config_file}: not a BERT config, missing {', '.join(missing)}")
+    if values.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{config_file}: position_embedding_type {values['position_embedding_type']!r} "
+                         "is not supported (only 'absolute', as the original BERT)")
+    return BertConfig.from_dict(values, source=config_file, **overrides)

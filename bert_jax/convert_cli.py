@@ -23,12 +23,13 @@ import os
 import shutil
 import sys
 
-from bert_jax import checkpointing, convert, errors, initialisation, storage
+from bert_jax import checkpointing, convert, errors, initialisation, storage, tf_checkpoint
+from bert_jax.bert_config import BertConfig
 
 
 def _model_defaults() -> dict:
     """The compute options of a conversion: float32, unscanned layers (what a source's architecture leaves)."""
-    return dataclasses.asdict(convert.BertConfig())
+    return dataclasses.asdict(BertConfig())
 
 
 def _labels(saved_config: dict) -> list[str] | None:
@@ -138,7 +139,7 @@ def _write_directory(output_dir: str, write) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__.split("\n\n")[0],
+    parser = errors.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("to_hf", help="a bert_jax run -> a Hugging Face directory")
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             kind = to_hf(args.checkpoint, args.output_dir)
             print(f"{args.output_dir}: {kind}")
         else:
-            if args.command == "from_tf" and convert.tf_checkpoint_prefix(args.input) is None:
+            if args.command == "from_tf" and tf_checkpoint.tf_checkpoint_prefix(args.input) is None:
                 raise FileNotFoundError(f"--input={args.input!r}: no TensorFlow checkpoint (bert_model.ckpt.index)")
             if args.command == "from_hf" and not storage.is_file(storage.join(args.input, convert.CONFIG_NAME)):
                 raise FileNotFoundError(f"--input={args.input!r}: no Hugging Face directory (config.json)")

@@ -317,4 +317,4 @@ if __name__ == "__main__":
     from bert_jax import console
 
     console.install()
-    app.run(main)
+    errors.run(main, "demo")

@@ -53,9 +53,9 @@ import ml_collections
 import numpy as np
 import optax
 from absl import app, flags, logging
-from etils import epath
 
 from bert_jax import batching, engine, errors, initialisation, modeling, sharding, storage
+from bert_jax.data import corpus
 from bert_jax.data.glue import truncate_seq_pair
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import finetune, job, prediction
@@ -86,21 +86,24 @@ class Feature:
 def read_examples(input_file: str) -> list[Example]:
     """The examples of a UTF-8 text file, one per line (the original's `read_examples`).
 
-    A line is stripped of surrounding whitespace; `a ||| b` is the pair (a, b), each side stripped.
+    A line is stripped of surrounding whitespace; `a ||| b` is the pair (a, b), each side stripped. The
+    file is read by `corpus.text_lines`, which refuses a file that is not text; every line must be an
+    example, so a text file with some lines that are not UTF-8 (or hold NUL bytes) is refused too.
 
     Raises:
       FileNotFoundError: no such file.
-      ValueError: (one line, `<input_file>:<line>: ...`) a blank line, a line with more than one "|||",
-        an empty side of a pair, or bytes that are not UTF-8; or a file without any line.
+      ValueError: (one line) not text (`<input_file>: not text: N of its M lines (P%) ...`); or
+        `<input_file>:<line>: ...`: a line that is not UTF-8 or holds a NUL byte, a blank line, a line with
+        more than one "|||", an empty side of a pair; or a file without any line.
     """
-    examples = []
-    with epath.Path(input_file).open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"{input_file}:{number}: not UTF-8 text") from None
-            examples.append(_parse_line(line, input_file, number))
+    stats = corpus.ReadStats()
+    numbered = [(stats.lines, line) for line in corpus.text_lines(input_file, stats)]  # refuses non-text
+    if stats.invalid_utf8_lines:
+        first = next((expected for expected, (number, _) in enumerate(numbered, 1) if number != expected),
+                     len(numbered) + 1)
+        raise ValueError(f"{input_file}:{first}: not UTF-8 text or holds a NUL byte (lines of that kind: "
+                         f"{stats.invalid_utf8_lines} of {stats.lines}; every line is an example)")
+    examples = [_parse_line(line, input_file, number) for number, line in numbered]
     if not examples:
         raise ValueError(f"{input_file}: no examples (the file is empty)")
     return examples
@@ -406,4 +409,4 @@ if __name__ == "__main__":
 
     console.install()
     _define_flags()
-    app.run(main)
+    errors.run(main, "extract_features")

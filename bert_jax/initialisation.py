@@ -5,7 +5,7 @@ a run directory carries for the next job.
   a Hugging Face directory      config.json + model.safetensors / pytorch_model.bin (`convert.from_hf`);
   a TensorFlow checkpoint       google-research/bert: a directory with bert_config.json and
                                 bert_model.ckpt.index (or one *.ckpt.index), or a prefix
-                                `<dir>/bert_model.ckpt` (`convert.from_tf_checkpoint`, the `tf` extra);
+                                `<dir>/bert_model.ckpt` (`tf_checkpoint.from_tf_checkpoint`, the `tf` extra);
   a bert_jax run                its workdir or `<workdir>/checkpoints` (the newest readable checkpoint),
                                 or `<workdir>/checkpoints/<step>` (that one): pre-training or fine-tuning.
 The architecture (the twelve bert_config.json fields, and the layer layout of a bert_jax run) comes
@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import checkpointing, convert, storage
+from bert_jax import checkpointing, convert, storage, tf_checkpoint
 from bert_jax.bert_config import BERT_CONFIG_FIELDS, BertConfig
 
 # The job's own options whatever the source: compute, and dropout (a training choice, not architecture:
@@ -111,11 +111,11 @@ def resolve(path: str, model: Mapping[str, Any], *, field: str = "config.init_ch
         fresh: list[str] = []
         bert_config, params = convert.from_hf(path, scan_layers=model["scan_layers"], fresh=fresh, **compute)
         return Initialisation("hf", path, bert_config, params, tuple(fresh), None, *_vocabulary_beside(path))
-    prefix = convert.tf_checkpoint_prefix(path) if not storage.is_remote(path) else None
+    prefix = tf_checkpoint.tf_checkpoint_prefix(path) if not storage.is_remote(path) else None
     if prefix is not None:
         fresh = []
-        bert_config, params = convert.from_tf_checkpoint(prefix, scan_layers=model["scan_layers"], fresh=fresh,
-                                                         **compute)
+        bert_config, params = tf_checkpoint.from_tf_checkpoint(prefix, scan_layers=model["scan_layers"],
+                                                               fresh=fresh, **compute)
         return Initialisation("hf", path, bert_config, params, tuple(fresh), None,
                               *_vocabulary_beside(os.path.dirname(prefix) or "."))
     step = None
@@ -305,8 +305,8 @@ def write_run_files(workdir: str, config: BertConfig, vocab_file: str | None, do
     `vocab.txt` (a copy of `vocab_file`, when given) and `tokenizer_config.json` (casing, sha256, the
     positions as model_max_length) in `workdir`, each written whole (temporary name, then rename); files
     already there are kept."""
-    files = {convert.TF_CONFIG_NAME: lambda: storage.write_json(
-        storage.join(workdir, convert.TF_CONFIG_NAME), {k: v for k, v in config.to_dict().items()
+    files = {tf_checkpoint.TF_CONFIG_NAME: lambda: storage.write_json(
+        storage.join(workdir, tf_checkpoint.TF_CONFIG_NAME), {k: v for k, v in config.to_dict().items()
                                                           if k in BERT_CONFIG_FIELDS})} if bert_config else {}
     if vocab_file:
         files[VOCAB_NAME] = lambda: storage.write_bytes(storage.join(workdir, VOCAB_NAME),
@@ -344,7 +344,7 @@ def pretraining_source(config: ml_collections.ConfigDict, workdir: str
         return config, None
     if checkpointing.has_checkpoints(storage.join(workdir, "checkpoints")):
         say(f"train: {workdir} holds checkpoints: resuming from them, config.init_checkpoint={path!r} is not read")
-        saved = storage.join(workdir, convert.TF_CONFIG_NAME)
+        saved = storage.join(workdir, tf_checkpoint.TF_CONFIG_NAME)
         if not storage.is_file(saved):
             return config, None
         return _with_architecture(config, BertConfig.from_dict(storage.read_json(saved))), None

@@ -568,9 +568,8 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-    from absl import app
     from bert_jax import console
 
     console.install()
     _define_flags()
-    app.run(main)
+    errors.run(main, "train")

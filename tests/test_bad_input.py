@@ -117,6 +117,30 @@ def test_train(inputs, instances):
                   "train: ", "no metadata.json")
 
 
+def test_command_line_errors(inputs):
+    """absl's flag errors (an unknown flag, a bad value, a required flag missing), a --config.<field> override of
+    no field, unexpected arguments, and argparse's errors (convert): one line `<command>: ...` naming the flag,
+    not absl's two lines, argparse's usage or ml_collections' traceback."""
+    tmp, vocab = inputs
+    train = ["bert_jax.train", "--config", "pretrain:tiny", f"--workdir={tmp / 'run'}"]
+    check_refused(tmp, train + ["--nosuch=1"], "train: ", "Unknown command line flag 'nosuch'")
+    check_refused(tmp, train + ["--config.total_steps=abc"], "train: ", "--config.total_steps=abc", "invalid literal")
+    check_refused(tmp, train + ["--config.total_step=3"], "train: --config.total_step: no field 'total_step'",
+                  'Did you mean "total_steps"')
+    check_refused(tmp, ["bert_jax.train"], "train: ", "--config must have a value", "--workdir must have a value")
+    check_refused(tmp, ["bert_jax.tasks.glue", "--config", "glue:sst2", f"--workdir={tmp / 'run'}",
+                        "--config.model.hiden_size=8"], "glue: --config.model.hiden_size: no field 'hiden_size'")
+    check_refused(tmp, ["bert_jax.aot", "--config", "pretrain:tiny", "stray"], "aot: unexpected arguments ['stray']")
+    check_refused(tmp, ["bert_jax.extract_features", f"--input_file={tmp / 'corpus.txt'}", "--batch_size=many",
+                        f"--output_file={tmp / 'features.json'}", f"--init_checkpoint={tmp / 'missing'}"],
+                  "extract_features: ", "--batch_size=many")
+    check_refused(tmp, ["bert_jax.data.vocab", "--vocab_size=x", f"--input_file={tmp / 'corpus.txt'}",
+                        f"--output_file={tmp / 'vocab.txt'}"], "vocab: ", "--vocab_size=x")
+    check_refused(tmp, ["bert_jax.demo", "--bogus"], "demo: ", "Unknown command line flag 'bogus'")
+    check_refused(tmp, ["bert_jax.convert", "bogus"], "convert: ", "invalid choice: 'bogus'")
+    check_refused(tmp, ["bert_jax.convert", "from_hf", f"--input={tmp}"], "convert from_hf: ", "required: --output_dir")
+
+
 def _squad(path, answers: list) -> str:
     context = "The tower is 324 metres tall."
     qas = [{"id": "q1", "question": "How tall is the tower?", "answers": answers}]
@@ -154,7 +178,11 @@ def test_extract_features_and_demo(inputs):
     tmp, vocab = inputs
     check_refused(tmp, ["bert_jax.extract_features", f"--input_file={tmp / 'binary.txt'}",
                         f"--output_file={tmp / 'features.json'}", f"--init_checkpoint={tmp / 'missing'}"],
-                  "extract_features: ", "binary.txt", "not UTF-8")
+                  "extract_features: ", "binary.txt: not text", "%)", "not UTF-8")
+    (tmp / "nul.txt").write_bytes(b"a sentence\0 with a NUL byte\n" * 3)  # UTF-8, but not text
+    check_refused(tmp, ["bert_jax.extract_features", f"--input_file={tmp / 'nul.txt'}",
+                        f"--output_file={tmp / 'features.json'}", f"--init_checkpoint={tmp / 'missing'}"],
+                  "extract_features: ", "nul.txt: not text: 3 of its 3 lines (100%)", "NUL bytes")
     check_refused(tmp, ["bert_jax.demo", f"--corpus={tmp / 'binary.txt'}", f"--workdir={tmp / 'demo'}"],
                   "demo: ", "binary.txt")
     (tmp / "corpus10.txt").write_text("".join(f"Sentence number {i} of the corpus.\n" for i in range(12)))

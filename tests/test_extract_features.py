@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import convert, extract_features, modeling
+from bert_jax import extract_features, modeling, weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
@@ -198,7 +198,7 @@ def _random_params(config, seed=0):
 def test_hidden_states_scan_equals_loop():
     config = modeling.BertConfig(**dict(SMALL, num_hidden_layers=2), kernels="reference")
     params = _random_params(config)
-    scanned = convert.stack_layers(params, config.num_hidden_layers)
+    scanned = weights.stack_layers(params, config.num_hidden_layers)
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(1, SMALL["vocab_size"], (3, 11)), jnp.int32)
     mask = jnp.asarray(np.arange(11)[None] < np.array([[11], [7], [4]]), jnp.int32)

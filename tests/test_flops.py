@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, flops, modeling
+from bert_jax import flops, modeling, weights
 
 CONFIG = modeling.BertConfig(vocab_size=101, hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
                              intermediate_size=2048, max_position_embeddings=64, kernels="reference")
@@ -14,7 +14,7 @@ B, L = 2, 64
 
 def _xla_flops(output_positions=None) -> float:
     """XLA's cost analysis of BertModel's forward pass (matmuls and the element-wise work) per sequence."""
-    params = convert.init_params(CONFIG, seed=0)["bert"]
+    params = weights.init_params(CONFIG, seed=0)["bert"]
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 101, (B, L)), jnp.int32)
     model = modeling.BertModel(CONFIG)
     forward = jax.jit(lambda p, x: model.apply({"params": p}, x, output_positions=output_positions).sequence_output)

@@ -334,11 +334,11 @@ _BERT_CONFIG = st.fixed_dictionaries({
 @FUZZ
 @given(data=json_file(_BERT_CONFIG))
 def test_bert_config_json(scratch, data):
-    from bert_jax import convert
+    from bert_jax.bert_config import read_checkpoint_config
 
     path = _write(scratch / "bert_config.json", data)
     check_read(lambda: BertConfig.from_json_file(path), path)
-    check_read(lambda: convert._read_config(str(scratch), {}, name="bert_config.json"), path)
+    check_read(lambda: read_checkpoint_config(str(scratch), "bert_config.json", "directory", {}), path)
 
 
 def test_every_reader_is_fuzzed_with_enough_examples():

@@ -28,17 +28,6 @@ DATA_LAYERS = (
     ("pipeline",),  # the grain input pipeline
 )
 
-# Import cycles outside bert_jax/data, left to the modules' owners; each a sorted tuple of the modules of
-# one strongly connected component. Clearing one makes `test_known_cycles_remain` fail: remove it here.
-KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
-    # kernels/__init__.py defines `Kernels` and imports the kernel sets inside functions; each set imports
-    # `Kernels` (or another set) back from the package. Cleared by a bottom module for `Kernels` that the
-    # sets and the package both import.
-    ("bert_jax.kernels", "bert_jax.kernels.gpu", "bert_jax.kernels.reference", "bert_jax.kernels.splash",
-     "bert_jax.kernels.tpu", "bert_jax.kernels.xla_cpu"),
-)
-
-
 def _module_names(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
     """Module name -> its file, for every module under root/bert_jax/."""
     names = {}
@@ -197,16 +186,9 @@ def test_graph_reader_sees_every_kind_of_import(tmp_path):
 
 
 def test_no_import_cycles(graph):
-    """No import cycle inside bert_jax/ but the KNOWN_CYCLES left to their owners."""
-    new = [c for c in _components(graph) if c not in KNOWN_CYCLES]
-    assert not new, "import cycles in bert_jax/:\n" + "\n".join(_describe(c, graph) for c in new)
-
-
-@pytest.mark.skipif(not KNOWN_CYCLES, reason="no known cycles left")
-def test_known_cycles_remain(graph):
-    """KNOWN_CYCLES lists exactly cycles that still exist (a cleared one must leave the list)."""
-    present = set(_components(graph))
-    assert set(KNOWN_CYCLES) <= present, f"cycles cleared, remove them from KNOWN_CYCLES: {set(KNOWN_CYCLES) - present}"
+    """No import cycle inside bert_jax/: no module imports itself back, directly or through others."""
+    cycles = _components(graph)
+    assert not cycles, "import cycles in bert_jax/:\n" + "\n".join(_describe(c, graph) for c in cycles)
 
 
 def test_data_package_imports_downwards(graph):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import convert, heads, layers, modeling, sharding
+from bert_jax import heads, layers, modeling, sharding, weights
 from bert_jax.configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
@@ -146,13 +146,13 @@ def test_parameter_count_matches_transformers(size, paper_millions):
 def test_scan_matches_layer_loop(kernel_set):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(tiny, seed=3)
-    scanned = convert.stack_layers(params, tiny.num_hidden_layers)
+    params = weights.init_params(tiny, seed=3)
+    scanned = weights.stack_layers(params, tiny.num_hidden_layers)
     out_loop = modeling.BertForPreTraining(tiny).apply({"params": params}, **x)
     out_scan = modeling.BertForPreTraining(tiny.replace(scan_layers=True)).apply({"params": scanned}, **x)
     np.testing.assert_allclose(out_scan.mlm_logits, out_loop.mlm_logits, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out_scan.nsp_logits, out_loop.nsp_logits, atol=1e-5, rtol=1e-5)
-    back = convert.unstack_layers(scanned)
+    back = weights.unstack_layers(scanned)
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, back, jax.device_get(params)))
 
 
@@ -162,7 +162,7 @@ def test_remat_gives_the_same_gradients(kernel_set, policy, scan):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
     base = tiny.replace(scan_layers=scan)
-    params = convert.init_params(base, seed=1)
+    params = weights.init_params(base, seed=1)
 
     def grads(config):
         def loss(p):
@@ -178,7 +178,7 @@ def test_remat_gives_the_same_gradients(kernel_set, policy, scan):
 def test_padding_does_not_change_real_tokens(kernel_set):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(tiny, seed=2)
+    params = weights.init_params(tiny, seed=2)
     model = modeling.BertModel(tiny)
     out = model.apply({"params": params["bert"]}, x["input_ids"], x["token_type_ids"], x["attention_mask"])
     # Fill padded positions with other ids and types, and pad further: real tokens must not move.
@@ -201,9 +201,9 @@ def test_output_positions_equal_the_full_rows(kernel_set, scan):
     pooled output and the gradients of a loss on them; padded and packed rows."""
     tiny = TINY.replace(kernels=kernel_set, scan_layers=scan)
     x = _inputs()
-    params = convert.init_params(tiny.replace(scan_layers=False), seed=6)["bert"]
+    params = weights.init_params(tiny.replace(scan_layers=False), seed=6)["bert"]
     if scan:
-        params = convert.stack_layers({"bert": params}, tiny.num_hidden_layers)["bert"]
+        params = weights.stack_layers({"bert": params}, tiny.num_hidden_layers)["bert"]
     model = modeling.BertModel(tiny)
     rng = np.random.default_rng(8)
     positions = jnp.asarray(np.concatenate([np.zeros((B, 1)), rng.integers(0, L, (B, 3))], 1), jnp.int32)
@@ -232,7 +232,7 @@ def test_output_positions_equal_the_full_rows(kernel_set, scan):
 def test_mlm_logits_only_at_masked_positions(kernel_set):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(tiny, seed=4)
+    params = weights.init_params(tiny, seed=4)
     model = modeling.BertForPreTraining(tiny)
     out = model.apply({"params": params}, **x)
     assert out.mlm_logits.shape == (B, P, 99) and out.mlm_logits.dtype == jnp.float32
@@ -253,7 +253,7 @@ def test_mlm_logits_only_at_masked_positions(kernel_set):
 def test_dropout_is_active_only_when_not_deterministic(kernel_set):
     tiny = TINY.replace(kernels=kernel_set)
     x = _inputs()
-    params = convert.init_params(tiny, seed=0)
+    params = weights.init_params(tiny, seed=0)
     apply = lambda **kw: modeling.BertModel(tiny).apply({"params": params["bert"]}, x["input_ids"],
                                                          x["token_type_ids"], x["attention_mask"], **kw)
     det1, det2 = apply(deterministic=True), apply(deterministic=True)
@@ -266,7 +266,7 @@ def test_dropout_is_active_only_when_not_deterministic(kernel_set):
 
 def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set):
     config = modeling.BertConfig(kernels=kernel_set)  # BERT-Base
-    params = convert.init_params(config, seed=0)["bert"]
+    params = weights.init_params(config, seed=0)["bert"]
     x = _inputs(batch=2, length=128, vocab=config.vocab_size)
     f32 = modeling.BertModel(config).apply({"params": params}, x["input_ids"], x["token_type_ids"],
                                             x["attention_mask"])
@@ -281,7 +281,7 @@ def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set):
 
 
 def test_input_errors_are_one_line():
-    params = convert.init_params(TINY, seed=0)["bert"]
+    params = weights.init_params(TINY, seed=0)["bert"]
     model = modeling.BertModel(TINY)
     too_long = jnp.ones((1, 65), jnp.int32)
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=64"):
@@ -289,7 +289,7 @@ def test_input_errors_are_one_line():
     with pytest.raises(ValueError, match="token_type_ids shape"):
         model.apply({"params": params}, jnp.ones((2, 5), jnp.int32), jnp.ones((2, 4), jnp.int32))
     with pytest.raises(ValueError, match="masked_lm_positions"):
-        modeling.BertForPreTraining(TINY).apply({"params": convert.init_params(TINY)}, jnp.ones((2, 5), jnp.int32))
+        modeling.BertForPreTraining(TINY).apply({"params": weights.init_params(TINY)}, jnp.ones((2, 5), jnp.int32))
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -328,7 +328,7 @@ def test_kernel_sets_compute_the_same_model():
     """reference and xla_cpu on the same parameters: equal outputs and gradients (deterministic), the
     same parameter tree."""
     x = _inputs()
-    params = convert.init_params(TINY, seed=6)
+    params = weights.init_params(TINY, seed=6)
 
     def run(kernel_set):
         model = modeling.BertForPreTraining(TINY.replace(kernels=kernel_set))

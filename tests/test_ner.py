@@ -109,7 +109,7 @@ def hf_tokens(tmp_path_factory):
                 p.add_(0.1 * torch.randn_like(p))
     path = tmp_path_factory.mktemp("hf_tokens")
     reference.save_pretrained(path)
-    with _warnings("bert_jax.convert") as reports:
+    with _warnings("bert_jax.weights") as reports:
         config, params = convert.from_hf(str(path))
     return reference, path, config, params, reports
 

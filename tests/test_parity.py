@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import convert, heads, modeling
+from bert_jax import convert, heads, modeling, weights
 
 SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
@@ -122,7 +123,7 @@ def test_to_hf_round_trip_is_bit_exact(hf_pretraining, tmp_path):
     # Our tree -> HF -> our tree: bit-identical.
     config2, params2 = convert.from_hf(str(tmp_path / "out"), strict=True)
     assert config2 == config
-    flat = lambda t: dict(convert.traverse_util.flatten_dict(t, sep="/"))
+    flat = lambda t: dict(traverse_util.flatten_dict(t, sep="/"))
     a, b = flat(params), flat(params2)
     assert a.keys() == b.keys()
     for k in a:
@@ -144,7 +145,7 @@ def test_to_hf_round_trip_is_bit_exact(hf_pretraining, tmp_path):
 
 def test_to_hf_from_scanned_and_bertmodel_trees(tmp_path):
     config = modeling.BertConfig(**SMALL, scan_layers=True)
-    params = convert.init_params(config, seed=3)
+    params = weights.init_params(config, seed=3)
     convert.to_hf(config, params["bert"], str(tmp_path / "encoder"))
     assert json.loads((tmp_path / "encoder" / "config.json").read_text())["architectures"] == ["BertModel"]
     loaded = transformers.BertModel.from_pretrained(str(tmp_path / "encoder"))
@@ -259,7 +260,7 @@ def _task_params(model, seed, scale=0.5):
     import jax
 
     ids = jnp.zeros((1, 2), jnp.int32)
-    flat = convert.traverse_util.flatten_dict(nn.unbox(model.init(jax.random.key(seed), ids))["params"], sep="/")
+    flat = traverse_util.flatten_dict(nn.unbox(model.init(jax.random.key(seed), ids))["params"], sep="/")
     rng = np.random.default_rng(seed)
     for k, v in flat.items():
         v = np.asarray(v)
@@ -268,7 +269,7 @@ def _task_params(model, seed, scale=0.5):
         elif k.endswith(("bias", "scale")):
             v = v + 0.1 * rng.standard_normal(v.shape)
         flat[k] = v.astype(np.float32)
-    return convert.traverse_util.unflatten_dict(flat, sep="/")
+    return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _load_hf(cls, path):
@@ -310,7 +311,7 @@ def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, ca
     with caplog.at_level(logging.WARNING):
         _, back = convert.from_hf(str(tmp_path), scan_layers=scan_layers)
     assert any("qa_outputs.weight" in r.getMessage() for r in caplog.records)
-    ours_flat, back_flat = (convert.traverse_util.flatten_dict(t, sep="/") for t in (params["bert"], back["bert"]))
+    ours_flat, back_flat = (traverse_util.flatten_dict(t, sep="/") for t in (params["bert"], back["bert"]))
     for k, v in ours_flat.items():
         np.testing.assert_array_equal(np.asarray(back_flat[k]), v, err_msg=k)
 

@@ -125,7 +125,7 @@ def hf_mc(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf_mc")
     reference = _hf_multiple_choice(0)
     reference.save_pretrained(path)
-    with _warnings("bert_jax.convert") as reports:
+    with _warnings("bert_jax.weights") as reports:
         config, params = convert.from_hf(str(path))
     return reference, path, config, params, reports
 

@@ -21,6 +21,8 @@ import os
 import re
 from typing import Iterable, Iterator, Sequence
 
+from etils import epath
+
 from bert_jax.data import glue
 
 # A sentence ends at . ! ? (and any closing quotes or brackets after it), before whitespace and a
@@ -89,8 +91,9 @@ def _check_text(path: str, lines: int, bad: int) -> None:
 
 
 def text_lines(path: str, stats: ReadStats) -> Iterator[str]:
-    """The lines of one file, decoded as UTF-8 (line endings kept); lines that are not UTF-8 or hold a NUL
-    byte are skipped and counted in `stats.invalid_utf8_lines`.
+    """The lines of one file (a local path or a URL `etils.epath` opens, e.g. gs://), decoded as UTF-8 (line
+    endings kept); lines that are not UTF-8 or hold a NUL byte are skipped and counted in
+    `stats.invalid_utf8_lines`.
 
     Raises:
       FileNotFoundError (and other OSErrors of `open`): the file cannot be read.
@@ -98,7 +101,7 @@ def text_lines(path: str, stats: ReadStats) -> Iterator[str]:
         lines, are skipped (one line naming the file and the share; raised at that point of the stream).
     """
     lines = bad = 0
-    with open(path, "rb") as f:
+    with epath.Path(path).open("rb") as f:
         for raw in f:
             stats.lines += 1
             lines += 1

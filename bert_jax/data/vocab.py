@@ -239,4 +239,4 @@ if __name__ == "__main__":
 
     console.install()
     _define_flags()
-    app.run(main)
+    errors.run(main, "vocab")

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels import Kernels
+from bert_jax.kernels.base import Kernels
 
 
 def gelu(x: jax.Array) -> jax.Array:

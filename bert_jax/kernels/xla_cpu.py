@@ -16,7 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels import Kernels, reference
+from bert_jax.kernels import reference
+from bert_jax.kernels.base import Kernels
 
 Array = jax.Array
 _SQRT_HALF = 1.0 / math.sqrt(2.0)

@@ -137,4 +137,4 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
         if jax.process_index() == 0:
             print(json.dumps(metrics))
 
-    app.run(main)
+    errors.run(main, name)
