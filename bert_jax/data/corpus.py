@@ -75,11 +75,24 @@ class ReadStats:
       lines: lines read.
       invalid_utf8_lines: lines skipped as not UTF-8 or holding a NUL byte.
       empty_sentences: sentences left out as empty.
+      dedupe, repeated_lines, repeated_documents: the de-duplication applied ("": none) and what it dropped
+        (`bert_jax.data.dedupe`).
     """
 
     lines: int = 0
     invalid_utf8_lines: int = 0
     empty_sentences: int = 0
+    dedupe: str = ""
+    repeated_lines: int = 0
+    repeated_documents: int = 0
+
+    def skipped(self) -> dict[str, int]:
+        """The counts of what reading skipped that metadata.json's "skipped" records: invalid_utf8_lines, and
+        repeated_lines and repeated_documents when a de-duplication ran."""
+        counts = {"invalid_utf8_lines": self.invalid_utf8_lines}
+        if self.dedupe:
+            counts.update(repeated_lines=self.repeated_lines, repeated_documents=self.repeated_documents)
+        return counts
 
 
 def _check_text(path: str, lines: int, bad: int) -> None:

@@ -589,8 +589,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
         shutil.copyfile(tokenizer.vocab_file, os.path.join(work_dir, formats.VOCAB_NAME))
         metadata = instances_metadata(
             shard_counts=counts, num_documents=store.num_documents, num_sentences=len(store.sentence_starts) - 1,
-            num_tokens=len(store.tokens), skipped={"invalid_utf8_lines": read_stats.invalid_utf8_lines,
-                                                   "empty_sentences": dropped},
+            num_tokens=len(store.tokens), skipped={**read_stats.skipped(), "empty_sentences": dropped},
             input_lines=read_stats.lines, tokenizer=tokenizer, options=options, dupe_factor=dupe_factor,
             random_seed=random_seed, documents_per_task=documents_per_task, extra_metadata=extra_metadata,
             seconds=time.time() - start)
