@@ -9,12 +9,15 @@ Needs the `beam` extra (apache-beam); skipped without it.
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("apache_beam")
 
 from bert_jax.data import beam_pipeline, corpus, dedupe, document_shards, pretraining, tokenization  # noqa: E402
+from conftest import ROOT  # noqa: E402
 from test_bad_input import check_refused  # noqa: E402
 
 OPTIONS = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
@@ -50,17 +53,18 @@ def gutenberg_files(data_dir, tmp_path_factory):
     return [str(p) for p in paths]
 
 
-def _local(files, tokenizer, out, *, tokenize_only, num_shards, dedupe_mode="none", input_format="sentences"):
+def _local(files, tokenizer, out, *, tokenize_only, num_shards, dedupe_mode="none", input_format="sentences",
+           extra=None):
     """The local path as create_pretraining_data runs it."""
     stats = corpus.ReadStats()
     documents = dedupe.drop_repeats(beam_pipeline.READERS[input_format](files, stats), dedupe_mode,
                                     dedupe.first_seen(), stats)
     if tokenize_only:
         return document_shards.tokenize_documents(documents, tokenizer, str(out), num_shards=num_shards,
-                                                  read_stats=stats, extra_metadata={"source": "test"})
+                                                  read_stats=stats, extra_metadata=extra or {"source": "test"})
     return pretraining.create_pretraining_data(documents, tokenizer, str(out), options=OPTIONS, dupe_factor=2,
                                                random_seed=3, num_shards=num_shards, read_stats=stats,
-                                               extra_metadata={"source": "test"})
+                                               extra_metadata=extra or {"source": "test"})
 
 
 def _beam(files, tokenizer, out, *, tokenize_only, num_shards, mode, dedupe_mode="none", input_format="sentences"):
@@ -93,11 +97,21 @@ def test_sample_text_in_memory(num_shards, data_dir, tokenizer, tmp_path):
         _assert_same(tmp_path / f"local-{kind}", tmp_path / f"beam-{kind}")
 
 
-def test_gutenberg_multi_processing(gutenberg_files, tokenizer, tmp_path):
-    """Two worker processes, three files, seven shards, static instances (the documents stage runs inside)."""
-    meta = _local(gutenberg_files, tokenizer, tmp_path / "local", tokenize_only=False, num_shards=7)
+def test_gutenberg_multi_processing_cli(gutenberg_files, tokenizer, vocab_file, tmp_path):
+    """The documented command (docs/pretraining-data.md): two worker processes; here three files, seven shards,
+    static instances (the documents stage runs inside)."""
+    extra = {"input_file": ",".join(gutenberg_files), "tfds_name": None, "input_format": "sentences",
+             "do_lower_case": True}
+    meta = _local(gutenberg_files, tokenizer, tmp_path / "local", tokenize_only=False, num_shards=7, extra=extra)
     assert meta["skipped"]["invalid_utf8_lines"] == 4 and meta["num_documents"] == 9, meta
-    _beam(gutenberg_files, tokenizer, tmp_path / "beam", tokenize_only=False, num_shards=7, mode="multi_processing")
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_jax.data.create_pretraining_data", f"--input_file={extra['input_file']}",
+         f"--output_dir={tmp_path / 'beam'}", f"--vocab_file={vocab_file}", "--max_seq_length=64",
+         "--max_predictions_per_seq=10", "--dupe_factor=2", "--random_seed=3", "--num_shards=7",
+         "--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"wrote {meta['num_instances']} instances in 7 shard(s)"), result.stdout
     _assert_same(tmp_path / "local", tmp_path / "beam")
 
 

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import re
 import os
 import shutil
 import tempfile
@@ -77,8 +78,6 @@ def pipeline_options(args: Sequence[str]):
     beam = _import_beam()
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    if not any(arg.startswith("--default_sdk_harness_log_level") for arg in args):
-        args = [*args, "--default_sdk_harness_log_level=WARNING"]  # workers: a line per bundle otherwise
     options = PipelineOptions(list(args))
     stderr = io.StringIO()
     try:
@@ -96,9 +95,17 @@ def pipeline_options(args: Sequence[str]):
         # The DirectRunner would first try Prism (a Go binary it downloads) and ignore the direct_* options
         # there; its FnApiRunner honours them (direct_running_mode in_memory, multi_threading,
         # multi_processing; direct_num_workers).
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+        # As the DirectRunner makes it: the options reach the workers. Their logs go to this terminal: quiet
+        # unless asked for (a worker's error is raised in this process, `run`).
+        if not any(arg.startswith("--default_sdk_harness_log_level") for arg in args):
+            options = PipelineOptions([*args, "--default_sdk_harness_log_level=CRITICAL"])
+        from apache_beam.portability.api import beam_provision_api_pb2
+        from apache_beam.runners.portability import portable_runner
+        from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-        return options, FnApiRunner()
+        encoded = portable_runner.JobServiceHandle.encode_pipeline_options(options.get_all_options())
+        info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+        return options, fn_runner.FnApiRunner(provision_info=info)
     try:
         from apache_beam.runners.runner import create_runner
 
@@ -107,6 +114,22 @@ def pipeline_options(args: Sequence[str]):
         raise ValueError(f"--runner={name}: {str(e).splitlines()[0]}") from None
     del beam
     return options, runner
+
+
+_USER_ERROR = re.compile(r"^(?:builtins\.)?(ValueError|UnicodeDecodeError|OSError|FileNotFoundError|PermissionError|"
+                         r"NotADirectoryError|IsADirectoryError|FileExistsError): (.+?)(?: \[while running .*\])?$")
+
+
+def _user_error(error: Exception) -> Exception:
+    """The error a worker raised for bad input (a ValueError or OSError, as the runner reports it: re-raised or
+    as text) as that type with its own one-line message; any other error as it is (a defect)."""
+    if isinstance(error, (ValueError, OSError)):  # re-raised as it was, Beam's step name appended
+        return type(error)(re.sub(r" \[while running .*\]$", "", str(error)))
+    found = [m for m in map(_USER_ERROR.match, str(error).splitlines()) if m]
+    if not found:
+        return error
+    name, message = found[-1].groups()
+    return ValueError(message) if name in ("ValueError", "UnicodeDecodeError") else OSError(message)
 
 
 def _sum_stats(stats: Sequence[dict]) -> dict:
@@ -277,66 +300,74 @@ def run(files: Sequence[str], input_format: str, tokenizer, output_dir: str, *, 
             _put(documents_dir, formats.VOCAB_NAME, lambda path: shutil.copyfile(tokenizer.vocab_file, path))
         extra = dict(extra_metadata or {})
         FileRepeats, TokenizeFile, WriteDocumentShard, WriteInstanceShard = _make_dofns(beam)
-        with beam.Pipeline(runner=runner, options=beam_options) as p:
-            indexed = p | "files" >> beam.Create(list(enumerate(files)))
-            if dedupe_mode == "none":
-                repeats = p | "no repeats" >> beam.Create([])
-            else:
-                repeats = (indexed | "hash" >> beam.ParDo(FileRepeats(input_format, dedupe_mode))
-                           | "by hash" >> beam.GroupByKey()
-                           | "repeats" >> beam.FlatMap(lambda kv: [(f, place) for f, place in sorted(kv[1])[1:]]))
-            per_file = ({"path": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
-                        | "paths" >> beam.Map(lambda kv: (kv[0], (kv[1]["path"][0], kv[1]["repeats"]))))
-            tokenized = per_file | "tokenize" >> beam.ParDo(TokenizeFile(input_format, dedupe_mode, tokenizer)) \
-                .with_outputs("files", "stats", main="documents")
-            offsets = tokenized.files | "offsets" >> beam.combiners.ToList() | beam.Map(
-                lambda counts: dict(zip(sorted(f for f, _ in counts),
-                                        np.cumsum([0] + [n for _, n in sorted(counts)][:-1]).tolist())))
-            stats = tokenized.stats | "stats" >> beam.combiners.ToList() | beam.Map(_sum_stats)
+        beam_logger = logging.getLogger("apache_beam")
+        level = beam_logger.level
+        beam_logger.setLevel(logging.CRITICAL)  # a worker's error is raised below, not logged with its traceback
+        try:
+            with beam.Pipeline(runner=runner, options=beam_options) as p:
+                indexed = p | "files" >> beam.Create(list(enumerate(files)))
+                if dedupe_mode == "none":
+                    repeats = p | "no repeats" >> beam.Create([])
+                else:
+                    repeats = (indexed | "hash" >> beam.ParDo(FileRepeats(input_format, dedupe_mode))
+                               | "by hash" >> beam.GroupByKey()
+                               | "repeats" >> beam.FlatMap(lambda kv: [(f, place) for f, place in sorted(kv[1])[1:]]))
+                per_file = ({"path": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
+                            | "paths" >> beam.Map(lambda kv: (kv[0], (kv[1]["path"][0], kv[1]["repeats"]))))
+                tokenized = per_file | "tokenize" >> beam.ParDo(TokenizeFile(input_format, dedupe_mode, tokenizer)) \
+                    .with_outputs("files", "stats", main="documents")
+                offsets = tokenized.files | "offsets" >> beam.combiners.ToList() | beam.Map(
+                    lambda counts: dict(zip(sorted(f for f, _ in counts),
+                                            np.cumsum([0] + [n for _, n in sorted(counts)][:-1]).tolist())))
+                stats = tokenized.stats | "stats" >> beam.combiners.ToList() | beam.Map(_sum_stats)
 
-            def place(document, offsets):
-                file_index, k, record = document
-                j = offsets[file_index] + k
-                return j % num_shards, (j // num_shards, record)
+                def place(document, offsets):
+                    file_index, k, record = document
+                    j = offsets[file_index] + k
+                    return j % num_shards, (j // num_shards, record)
 
-            placed = tokenized.documents | "place" >> beam.Map(place, beam.pvalue.AsSingleton(offsets))
-            every_shard = p | "every shard" >> beam.Create([(s, None) for s in range(num_shards)])
-            shard_documents = ((placed, every_shard) | beam.Flatten() | "by shard" >> beam.GroupByKey()
-                               | "write documents" >> beam.ParDo(WriteDocumentShard(documents_dest, num_shards))
-                               | "shard documents" >> beam.combiners.ToList())
+                placed = tokenized.documents | "place" >> beam.Map(place, beam.pvalue.AsSingleton(offsets))
+                every_shard = p | "every shard" >> beam.Create([(s, None) for s in range(num_shards)])
+                shard_documents = ((placed, every_shard) | beam.Flatten() | "by shard" >> beam.GroupByKey()
+                                   | "write documents" >> beam.ParDo(WriteDocumentShard(documents_dest, num_shards))
+                                   | "shard documents" >> beam.combiners.ToList())
 
-            def finish_documents(_, stats, shard_documents):
-                metadata = _documents_metadata(stats, dedupe_mode, shard_documents, tokenizer, extra)
-                _put(documents_dest, formats.COUNTS_NAME, lambda path: np.save(path, stats["token_counts"]))
-                if not tokenize_only:  # the temporary directory step 3 reads: complete
-                    storage.write_json(storage.join(documents_dir, formats.METADATA_NAME), metadata)
-                return metadata
+                def finish_documents(_, stats, shard_documents):
+                    metadata = _documents_metadata(stats, dedupe_mode, shard_documents, tokenizer, extra)
+                    _put(documents_dest, formats.COUNTS_NAME, lambda path: np.save(path, stats["token_counts"]))
+                    if not tokenize_only:  # the temporary directory step 3 reads: complete
+                        storage.write_json(storage.join(documents_dir, formats.METADATA_NAME), metadata)
+                    return metadata
 
-            documents_metadata = p | "documents done" >> beam.Create([None]) | beam.Map(
-                finish_documents, beam.pvalue.AsSingleton(stats), beam.pvalue.AsSingleton(shard_documents))
-            if tokenize_only:
-                result = documents_metadata
-            else:
-                flags = dict(dupe_factor=dupe_factor, random_seed=random_seed, documents_per_task=documents_per_task)
-                shard_counts = (p | "instance shards" >> beam.Create(list(range(num_shards)))
-                                | "write instances" >> beam.ParDo(
-                                    WriteInstanceShard(shards_dest, documents_dir, num_shards, tokenizer, options,
-                                                       flags), beam.pvalue.AsSingleton(documents_metadata))
-                                | "shard instances" >> beam.combiners.ToList())
+                documents_metadata = p | "documents done" >> beam.Create([None]) | beam.Map(
+                    finish_documents, beam.pvalue.AsSingleton(stats), beam.pvalue.AsSingleton(shard_documents))
+                if tokenize_only:
+                    result = documents_metadata
+                else:
+                    flags = dict(dupe_factor=dupe_factor, random_seed=random_seed, documents_per_task=documents_per_task)
+                    shard_counts = (p | "instance shards" >> beam.Create(list(range(num_shards)))
+                                    | "write instances" >> beam.ParDo(
+                                        WriteInstanceShard(shards_dest, documents_dir, num_shards, tokenizer, options,
+                                                           flags), beam.pvalue.AsSingleton(documents_metadata))
+                                    | "shard instances" >> beam.combiners.ToList())
 
-                def finish_instances(_, stats, documents, shard_counts):
-                    return pretraining.instances_metadata(
-                        shard_counts=[n for _, n in sorted(shard_counts)], num_documents=documents["num_documents"],
-                        num_sentences=documents["num_sentences"], num_tokens=documents["num_tokens"],
-                        skipped={**_read_stats(stats, dedupe_mode).skipped(),
-                                 "empty_sentences": stats["dropped_sentences"]},
-                        input_lines=stats["lines"], tokenizer=tokenizer, options=options, extra_metadata=extra,
-                        seconds=0.0, **flags)
+                    def finish_instances(_, stats, documents, shard_counts):
+                        return pretraining.instances_metadata(
+                            shard_counts=[n for _, n in sorted(shard_counts)], num_documents=documents["num_documents"],
+                            num_sentences=documents["num_sentences"], num_tokens=documents["num_tokens"],
+                            skipped={**_read_stats(stats, dedupe_mode).skipped(),
+                                     "empty_sentences": stats["dropped_sentences"]},
+                            input_lines=stats["lines"], tokenizer=tokenizer, options=options, extra_metadata=extra,
+                            seconds=0.0, **flags)
 
-                result = p | "instances done" >> beam.Create([None]) | beam.Map(
-                    finish_instances, beam.pvalue.AsSingleton(stats), beam.pvalue.AsSingleton(documents_metadata),
-                    beam.pvalue.AsSingleton(shard_counts))
-            _ = result | "result" >> beam.Map(lambda m: storage.write_json(storage.join(control, RESULT_NAME), m))
+                    result = p | "instances done" >> beam.Create([None]) | beam.Map(
+                        finish_instances, beam.pvalue.AsSingleton(stats), beam.pvalue.AsSingleton(documents_metadata),
+                        beam.pvalue.AsSingleton(shard_counts))
+                _ = result | "result" >> beam.Map(lambda m: storage.write_json(storage.join(control, RESULT_NAME), m))
+        except Exception as e:
+            raise _user_error(e) from None
+        finally:
+            beam_logger.setLevel(level)
         metadata = storage.read_json(storage.join(control, RESULT_NAME))
         metadata["seconds"] = round(time.time() - start, 3)
         names = metadata["shards"] + ([formats.COUNTS_NAME] if tokenize_only else [])

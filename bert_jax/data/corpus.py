@@ -21,6 +21,9 @@ import os
 import re
 from typing import Iterable, Iterator, Sequence
 
+from etils import epath
+
+from bert_jax import storage
 from bert_jax.data import glue
 
 # A sentence ends at . ! ? (and any closing quotes or brackets after it), before whitespace and a
@@ -47,7 +50,8 @@ def split_sentences(text: str) -> list[str]:
 
 
 def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
-    """Comma-separated globs (or a list of them) -> sorted, de-duplicated file paths.
+    """Comma-separated globs (or a list of them; local paths or URIs such as gs://bucket/c4/*.txt) -> sorted,
+    de-duplicated file paths.
 
     Raises:
       ValueError: a pattern matches no file, or no pattern is given.
@@ -58,7 +62,12 @@ def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
     for pattern in (p.strip() for p in patterns):
         if not pattern:
             continue
-        matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+        if storage.is_remote(pattern):
+            scheme, rest = pattern.split("://", 1)
+            bucket, _, glob_part = rest.partition("/")
+            matched = sorted(os.fspath(p) for p in epath.Path(f"{scheme}://{bucket}").glob(glob_part) if p.is_file())
+        else:
+            matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
         if not matched:
             raise ValueError(f"--input_file: {pattern!r} matches no file")
         files += matched
@@ -111,7 +120,7 @@ def text_lines(path: str, stats: ReadStats) -> Iterator[str]:
         lines, are skipped (one line naming the file and the share; raised at that point of the stream).
     """
     lines = bad = 0
-    with open(path, "rb") as f:
+    with epath.Path(path).open("rb") if storage.is_remote(path) else open(path, "rb") as f:
         for raw in f:
             stats.lines += 1
             lines += 1
