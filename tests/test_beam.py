@@ -19,6 +19,7 @@ pytest.importorskip("apache_beam")
 from bert_jax.data import beam_pipeline, corpus, dedupe, document_shards, pretraining, tokenization  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from test_bad_input import check_refused  # noqa: E402
+from test_remote_data import _same_directory, s3  # noqa: E402,F401 (a fixture)
 
 OPTIONS = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
 
@@ -154,3 +155,11 @@ def test_bad_input_one_line_nothing_written(data_dir, vocab_file, tmp_path):
     check_refused(tmp_path, base + ok + ["--runner=DirectRunner", "--direct_num_workers=two"],
                   "direct_num_workers", "two")
     check_refused(tmp_path, base + ok + ["--direct_num_workers=2"], "unknown flags", "--runner")
+
+
+def test_static_instances_at_a_uri(s3, data_dir, tokenizer, tmp_path):
+    """Shards uploaded by the workers, the temporary documents under the URI read back and removed."""
+    files = [str(data_dir / "corpus" / "bert_sample_text.txt")]
+    _local(files, tokenizer, tmp_path / "local", tokenize_only=False, num_shards=3)
+    _beam(files, tokenizer, f"{s3}/p1", tokenize_only=False, num_shards=3, mode="in_memory")
+    _same_directory(f"{s3}/p1", tmp_path / "local")

@@ -75,7 +75,7 @@ def pipeline_options(args: Sequence[str]):
       ValueError: an argument that is not a Beam pipeline option, a bad value, or an unknown runner (one line
         naming it).
     """
-    beam = _import_beam()
+    _import_beam()
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     options = PipelineOptions(list(args))
@@ -93,10 +93,9 @@ def pipeline_options(args: Sequence[str]):
     name = options.view_as(StandardOptions).runner
     if name in ("DirectRunner", "BundleBasedDirectRunner"):
         # The DirectRunner would first try Prism (a Go binary it downloads) and ignore the direct_* options
-        # there; its FnApiRunner honours them (direct_running_mode in_memory, multi_threading,
-        # multi_processing; direct_num_workers).
-        # As the DirectRunner makes it: the options reach the workers. Their logs go to this terminal: quiet
-        # unless asked for (a worker's error is raised in this process, `run`).
+        # there; its FnApiRunner, made as the DirectRunner makes it, honours them (direct_running_mode
+        # in_memory, multi_threading, multi_processing; direct_num_workers). The workers' logs go to this
+        # terminal: quiet unless asked for (a worker's error is raised in this process, `run`).
         if not any(arg.startswith("--default_sdk_harness_log_level") for arg in args):
             options = PipelineOptions([*args, "--default_sdk_harness_log_level=CRITICAL"])
         from apache_beam.portability.api import beam_provision_api_pb2
@@ -112,7 +111,6 @@ def pipeline_options(args: Sequence[str]):
         runner = create_runner(name)
     except (ValueError, ImportError) as e:
         raise ValueError(f"--runner={name}: {str(e).splitlines()[0]}") from None
-    del beam
     return options, runner
 
 
@@ -124,7 +122,7 @@ def _user_error(error: Exception) -> Exception:
     """The error a worker raised for bad input (a ValueError or OSError, as the runner reports it: re-raised or
     as text) as that type with its own one-line message; any other error as it is (a defect)."""
     if isinstance(error, (ValueError, OSError)):  # re-raised as it was, Beam's step name appended
-        return type(error)(re.sub(r" \[while running .*\]$", "", str(error)))
+        return (OSError if isinstance(error, OSError) else ValueError)(re.sub(r" \[while running .*\]$", "", str(error)))
     found = [m for m in map(_USER_ERROR.match, str(error).splitlines()) if m]
     if not found:
         return error
