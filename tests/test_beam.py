@@ -16,10 +16,18 @@ import pytest
 
 pytest.importorskip("apache_beam")
 
-from bert_jax.data import beam_pipeline, corpus, dedupe, document_shards, pretraining, tokenization  # noqa: E402
-from conftest import ROOT  # noqa: E402
-from test_bad_input import check_refused  # noqa: E402
-from test_remote_data import _same_directory, s3  # noqa: E402,F401 (a fixture)
+from conftest import ROOT
+from test_bad_input import check_refused
+from test_remote_data import _same_directory, s3  # s3: the fake object store fixture
+
+from bert_jax.data import (
+    beam_pipeline,
+    corpus,
+    dedupe,
+    document_shards,
+    pretraining,
+    tokenization,
+)
 
 OPTIONS = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
 

@@ -34,12 +34,12 @@ import contextlib
 import dataclasses
 import io
 import logging
-import re
 import os
+import re
 import shutil
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter

@@ -12,7 +12,7 @@ with their places instead and drops all but the first place of each, which gives
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 MODES = ("none", "lines", "documents")
 
