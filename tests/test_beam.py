@@ -78,7 +78,8 @@ def _local(files, tokenizer, out, *, tokenize_only, num_shards, dedupe_mode="non
 
 def _beam(files, tokenizer, out, *, tokenize_only, num_shards, mode, dedupe_mode="none", input_format="sentences"):
     args = ["--runner=DirectRunner", f"--direct_running_mode={mode}", "--direct_num_workers=2"]
-    return beam_pipeline.run(files, input_format, tokenizer, str(out), beam_args=args, tokenize_only=tokenize_only,
+    parts = files if isinstance(files[0], beam_pipeline.Part) else beam_pipeline.file_parts(files, input_format)
+    return beam_pipeline.run(parts, tokenizer, str(out), beam_args=args, tokenize_only=tokenize_only,
                              num_shards=num_shards, options=OPTIONS, dupe_factor=2, random_seed=3,
                              dedupe_mode=dedupe_mode, extra_metadata={"source": "test"})
 
@@ -171,3 +172,34 @@ def test_static_instances_at_a_uri(s3, data_dir, tokenizer, tmp_path):
     _local(files, tokenizer, tmp_path / "local", tokenize_only=False, num_shards=3)
     _beam(files, tokenizer, f"{s3}/p1", tokenize_only=False, num_shards=3, mode="in_memory")
     _same_directory(f"{s3}/p1", tmp_path / "local")
+
+
+def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
+    """A TFDS text dataset (prepared offline) read by parts of two examples: the documents of one read."""
+    import tensorflow_datasets as tfds
+
+    paragraphs = [p for p in (data_dir / "corpus" / "bert_sample_text.txt").read_text().split("\n\n") if p.strip()]
+
+    class SampleCorpus(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i, p in enumerate(paragraphs * 2):
+                yield i, {"text": " ".join(p.split("\n")) if i % 4 != 1 else "\u200b"}  # one without a token
+
+    tfds_dir = str(tmp_path / "tfds")
+    SampleCorpus(data_dir=tfds_dir, file_format="array_record").download_and_prepare()
+    stats = corpus.ReadStats()
+    document_shards.tokenize_documents(corpus.read_tfds_documents("sample_corpus", "train", "text", tfds_dir, stats),
+                                       tokenizer, str(tmp_path / "local"), num_shards=2, read_stats=stats,
+                                       extra_metadata={"source": "test"})
+    parts = beam_pipeline.tfds_parts("sample_corpus", "train", "text", tfds_dir, examples_per_part=2)
+    assert len(parts) == 3
+    _beam(parts, tokenizer, tmp_path / "beam", tokenize_only=True, num_shards=2, mode="in_memory")
+    _assert_same(tmp_path / "local", tmp_path / "beam")

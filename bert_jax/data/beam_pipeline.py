@@ -7,10 +7,11 @@
 
 (`--runner` and the options after it are Beam's: DataflowRunner, FlinkRunner, SparkRunner at scale.) The
 work is the local path's, done by its own functions on Beam's workers:
-  1. each input file is read (`bert_jax.data.corpus`), filtered of repeats (`bert_jax.data.dedupe`: the
-     repeats are found first, across the whole corpus, from hashes) and tokenized in batches
-     (`document_shards.tokenize_batch`) by one worker; its k-th kept document is the corpus's document
-     offset[file] + k, the offsets being the kept documents of the files before it (input order);
+  1. each part of the corpus (`Part`: an input file, or a range of a TFDS dataset's examples) is read
+     (`bert_jax.data.corpus`), filtered of repeats (`bert_jax.data.dedupe`: the repeats are found first,
+     across the whole corpus, from hashes) and tokenized in batches (`document_shards.tokenize_batch`) by one
+     worker; its k-th kept document is the corpus's document offset[part] + k, the offsets being the kept
+     documents of the parts before it (input order);
   2. document j goes to shard j % n at place j // n; each shard is sorted by place and written
      (`document_shards.WRITER_OPTIONS`), with token_counts.npy and the metadata (`documents_metadata`);
   3. static instances (without --tokenize_only): the documents of step 2 are a temporary tokenized-documents
@@ -23,7 +24,7 @@ path's for the same corpus, vocabulary, seed and shard count (metadata.json but 
 Outputs: a local --output_dir is built in a staging directory beside it and its files renamed into it; a URI
 (gs://...) gets each shard uploaded by the worker that wrote it (`storage.publish`), temporary files under
 `<output_dir>/.beam-staging`. metadata.json is written last by the launching process either way.
-Parallelism: files in step 1 (one file is read by one worker: split a large corpus into many files), shards
+Parallelism: parts in step 1 (one file is read by one worker: split a large corpus into many files), shards
 in steps 2 and 3; a shard's records are sorted in one worker's memory in step 2.
 """
 
@@ -48,6 +49,43 @@ from bert_jax import storage
 from bert_jax.data import corpus, dedupe, document_shards, formats, pretraining
 
 READERS = {"sentences": corpus.read_sentence_documents, "text": corpus.read_text_documents}
+TFDS_EXAMPLES_PER_PART = 10000  # examples of a TFDS dataset one worker reads and tokenizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """What one worker reads in step 1: a text file in an input format (`READERS`), or examples start ..
+    stop - 1 of a TFDS text dataset (`tfds`: name, split, text key, data_dir; `corpus.read_tfds_documents`)."""
+
+    input_format: str = "sentences"
+    path: str | None = None
+    tfds: tuple[str, str, str, str | None] | None = None
+    start: int = 0
+    stop: int = 0
+
+    def documents(self, stats: corpus.ReadStats):
+        """Its documents in corpus order (lists of sentence strings), counting what reading skips in `stats`."""
+        if self.tfds:
+            return corpus.read_tfds_documents(*self.tfds, stats, start=self.start, stop=self.stop)
+        return READERS[self.input_format]([self.path], stats)
+
+
+def file_parts(files: Sequence[str], input_format: str) -> list[Part]:
+    """One `Part` per input file, in order.
+
+    Raises:
+      ValueError: an input format not in READERS.
+    """
+    return [Part(input_format, path=f) for f in files]
+
+
+def tfds_parts(name: str, split: str, text_key: str, data_dir: str | None,
+               examples_per_part: int = TFDS_EXAMPLES_PER_PART) -> list[Part]:
+    """A prepared TFDS text dataset as `Part`s of `examples_per_part` examples, in order (the same documents
+    as `corpus.read_tfds_documents` reads at once)."""
+    size = len(corpus.tfds_source(name, split, data_dir))
+    return [Part(tfds=(name, split, text_key, data_dir), start=s, stop=min(s + examples_per_part, size))
+            for s in range(0, size, examples_per_part)]
 RESULT_NAME = "result.json"  # the pipeline's metadata, for the launcher (in the control directory)
 
 
@@ -131,7 +169,7 @@ def _user_error(error: Exception) -> Exception:
 
 
 def _sum_stats(stats: Sequence[dict]) -> dict:
-    """Per-file counts (numbers and numpy arrays) added up."""
+    """Per-part counts (numbers and numpy arrays) added up."""
     total: dict = {}
     for s in stats:
         for key, value in s.items():
@@ -140,7 +178,7 @@ def _sum_stats(stats: Sequence[dict]) -> dict:
 
 
 def _read_stats(stats: dict, dedupe_mode: str) -> corpus.ReadStats:
-    """The corpus's `ReadStats` from the files' counts added up."""
+    """The corpus's `ReadStats` from the parts' counts added up."""
     fields = {f.name for f in dataclasses.fields(corpus.ReadStats)} - {"dedupe"}
     return corpus.ReadStats(**{k: v for k, v in stats.items() if k in fields},
                             dedupe="" if dedupe_mode == "none" else dedupe_mode)
@@ -159,29 +197,29 @@ def _put(dest: str, name: str, write) -> None:
 def _make_dofns(beam):
     """The pipeline's DoFns (defined once Beam is imported)."""
 
-    class FileRepeats(beam.DoFn):
-        """(file index, path) -> (hash, (file index, place)) of each line or document (`dedupe.keys`)."""
+    class PartRepeats(beam.DoFn):
+        """(part index, `Part`) -> (hash, (part index, place)) of each line or document (`dedupe.keys`)."""
 
-        def __init__(self, input_format: str, mode: str):
-            self.input_format, self.mode = input_format, mode
-
-        def process(self, element):
-            file_index, path = element
-            for place, key in dedupe.keys(READERS[self.input_format]([path], corpus.ReadStats()), self.mode):
-                yield key, (file_index, place)
-
-    class TokenizeFile(beam.DoFn):
-        """(file index, (path, repeats)) -> (file index, k, record) of its kept documents; tagged "files":
-        (file index, kept documents), "stats": the file's counts."""
-
-        def __init__(self, input_format: str, mode: str, tokenizer):
-            self.input_format, self.mode, self.tokenizer = input_format, mode, tokenizer
+        def __init__(self, mode: str):
+            self.mode = mode
 
         def process(self, element):
-            file_index, (path, repeats) = element
+            part_index, part = element
+            for place, key in dedupe.keys(part.documents(corpus.ReadStats()), self.mode):
+                yield key, (part_index, place)
+
+    class TokenizePart(beam.DoFn):
+        """(part index, (`Part`, repeats)) -> (part index, k, record) of its kept documents; tagged "parts":
+        (part index, kept documents), "stats": the part's counts."""
+
+        def __init__(self, mode: str, tokenizer):
+            self.mode, self.tokenizer = mode, tokenizer
+
+        def process(self, element):
+            part_index, (part, repeats) = element
             stats, read = corpus.ReadStats(), collections.Counter()
             repeats = {tuple(place) for place in repeats}
-            documents = dedupe.drop_repeats(READERS[self.input_format]([path], stats), self.mode,
+            documents = dedupe.drop_repeats(part.documents(stats), self.mode,
                                             lambda place, key: place in repeats, stats)
             k = dropped = sentences = 0
             counts = np.zeros(self.tokenizer.vocab_size, np.int64)
@@ -189,10 +227,10 @@ def _make_dofns(beam):
                 records, batch_dropped, batch_sentences, batch_counts = document_shards.tokenize_batch(
                     self.tokenizer, batch)
                 for record in filter(None, records):
-                    yield file_index, k, record
+                    yield part_index, k, record
                     k += 1
                 dropped, sentences, counts = dropped + batch_dropped, sentences + batch_sentences, counts + batch_counts
-            yield beam.pvalue.TaggedOutput("files", (file_index, k))
+            yield beam.pvalue.TaggedOutput("parts", (part_index, k))
             yield beam.pvalue.TaggedOutput("stats", {
                 **{k: v for k, v in dataclasses.asdict(stats).items() if k != "dedupe"},
                 "documents_read": read["documents"], "dropped_sentences": dropped, "sentences": sentences,
@@ -245,7 +283,7 @@ def _make_dofns(beam):
             _put(self.dest, name, write)
             yield shard, count[0]
 
-    return FileRepeats, TokenizeFile, WriteDocumentShard, WriteInstanceShard
+    return PartRepeats, TokenizePart, WriteDocumentShard, WriteInstanceShard
 
 
 def _documents_metadata(stats: dict, dedupe_mode: str, shard_documents: list, tokenizer,
@@ -261,17 +299,16 @@ def _documents_metadata(stats: dict, dedupe_mode: str, shard_documents: list, to
     return metadata
 
 
-def run(files: Sequence[str], input_format: str, tokenizer, output_dir: str, *, beam_args: Sequence[str],
+def run(parts: Sequence[Part], tokenizer, output_dir: str, *, beam_args: Sequence[str],
         tokenize_only: bool, num_shards: int, options: pretraining.InstanceOptions | None = None,
         dupe_factor: int = 10, random_seed: int = 12345, documents_per_task: int = 8, dedupe_mode: str = "none",
         extra_metadata: dict | None = None) -> dict:
-    """Writes tokenized documents (`tokenize_only`) or static instances of `files` into `output_dir` on the
+    """Writes tokenized documents (`tokenize_only`) or static instances of `parts` into `output_dir` on the
     Beam runner `beam_args` name (module docstring) -> the metadata written. The arguments are those of
     `document_shards.tokenize_documents` and `pretraining.create_pretraining_data` (the same output).
 
     Args:
-      files: input text files, in corpus order (`corpus.expand_input_files`); each read by one worker.
-      input_format: "sentences" or "text" (`READERS`).
+      parts: the corpus in order, each read by one worker (`file_parts`, `tfds_parts`).
       beam_args: Beam's command-line options, `--runner=...` among them (`pipeline_options`).
       dedupe_mode: "none", "lines" or "documents" (`bert_jax.data.dedupe`).
 
@@ -282,8 +319,6 @@ def run(files: Sequence[str], input_format: str, tokenizer, output_dir: str, *, 
     options = options or pretraining.InstanceOptions()
     pretraining.check_counts(options, num_shards=num_shards, dupe_factor=dupe_factor,
                              documents_per_task=documents_per_task)
-    if input_format not in READERS:
-        raise ValueError(f"--input_format={input_format!r} is not one of {sorted(READERS)}")
     beam_options, runner = pipeline_options(beam_args)
     beam = _import_beam()
     start = time.time()
@@ -297,31 +332,31 @@ def run(files: Sequence[str], input_format: str, tokenizer, output_dir: str, *, 
         if not tokenize_only:  # the temporary documents directory: complete for `document_shards.Documents`
             _put(documents_dir, formats.VOCAB_NAME, lambda path: shutil.copyfile(tokenizer.vocab_file, path))
         extra = dict(extra_metadata or {})
-        FileRepeats, TokenizeFile, WriteDocumentShard, WriteInstanceShard = _make_dofns(beam)
+        PartRepeats, TokenizePart, WriteDocumentShard, WriteInstanceShard = _make_dofns(beam)
         beam_logger = logging.getLogger("apache_beam")
         level = beam_logger.level
         beam_logger.setLevel(logging.CRITICAL)  # a worker's error is raised below, not logged with its traceback
         try:
             with beam.Pipeline(runner=runner, options=beam_options) as p:
-                indexed = p | "files" >> beam.Create(list(enumerate(files)))
+                indexed = p | "parts" >> beam.Create(list(enumerate(parts)))
                 if dedupe_mode == "none":
                     repeats = p | "no repeats" >> beam.Create([])
                 else:
-                    repeats = (indexed | "hash" >> beam.ParDo(FileRepeats(input_format, dedupe_mode))
+                    repeats = (indexed | "hash" >> beam.ParDo(PartRepeats(dedupe_mode))
                                | "by hash" >> beam.GroupByKey()
                                | "repeats" >> beam.FlatMap(lambda kv: [(f, place) for f, place in sorted(kv[1])[1:]]))
-                per_file = ({"path": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
+                per_part = ({"path": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
                             | "paths" >> beam.Map(lambda kv: (kv[0], (kv[1]["path"][0], kv[1]["repeats"]))))
-                tokenized = per_file | "tokenize" >> beam.ParDo(TokenizeFile(input_format, dedupe_mode, tokenizer)) \
-                    .with_outputs("files", "stats", main="documents")
-                offsets = tokenized.files | "offsets" >> beam.combiners.ToList() | beam.Map(
+                tokenized = per_part | "tokenize" >> beam.ParDo(TokenizePart(dedupe_mode, tokenizer)) \
+                    .with_outputs("parts", "stats", main="documents")
+                offsets = tokenized.parts | "offsets" >> beam.combiners.ToList() | beam.Map(
                     lambda counts: dict(zip(sorted(f for f, _ in counts),
                                             np.cumsum([0] + [n for _, n in sorted(counts)][:-1]).tolist())))
                 stats = tokenized.stats | "stats" >> beam.combiners.ToList() | beam.Map(_sum_stats)
 
                 def place(document, offsets):
-                    file_index, k, record = document
-                    j = offsets[file_index] + k
+                    part_index, k, record = document
+                    j = offsets[part_index] + k
                     return j % num_shards, (j // num_shards, record)
 
                 placed = tokenized.documents | "place" >> beam.Map(place, beam.pvalue.AsSingleton(offsets))

@@ -172,14 +172,20 @@ def read_text_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list
             yield document
 
 
-def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,
-                        stats: ReadStats) -> Iterator[list[str]]:
-    """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
-    paragraphs split into sentences. Uses `tfds.data_source` (random access, no TensorFlow)."""
+def tfds_source(name: str, split: str, data_dir: str | None):
+    """`tfds.data_source` of a prepared TFDS dataset: random access to its examples, len() of them."""
     import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
 
-    source = tfds.data_source(name, split=split, data_dir=data_dir)
-    for i in range(len(source)):
+    return tfds.data_source(name, split=split, data_dir=data_dir)
+
+
+def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,
+                        stats: ReadStats, start: int = 0, stop: int | None = None) -> Iterator[list[str]]:
+    """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
+    paragraphs split into sentences; examples start .. stop - 1 (default: all). Uses `tfds.data_source`
+    (random access, no TensorFlow)."""
+    source = tfds_source(name, split, data_dir)
+    for i in range(start, len(source) if stop is None else min(stop, len(source))):
         example = source[i]
         if text_key not in example:
             raise ValueError(f"--tfds_text_key {text_key!r} is not a feature of {name} (has {sorted(example)})")

@@ -93,12 +93,15 @@ def main(argv):
             masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
             do_whole_word_mask=FLAGS.do_whole_word_mask, short_seq_per_document=FLAGS.short_seq_per_document)
         if FLAGS.runner:
-            if FLAGS.tfds_name:
-                raise ValueError("--tfds_name: the Beam path (--runner) reads --input_file only")
             from bert_jax.data import beam_pipeline  # imports Apache Beam
 
+            if FLAGS.tfds_name:
+                parts = beam_pipeline.tfds_parts(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
+                                                 FLAGS.tfds_data_dir)
+            else:
+                parts = beam_pipeline.file_parts(corpus.expand_input_files(FLAGS.input_file), FLAGS.input_format)
             metadata = beam_pipeline.run(
-                corpus.expand_input_files(FLAGS.input_file), FLAGS.input_format, tokenizer, FLAGS.output_dir,
+                parts, tokenizer, FLAGS.output_dir,
                 beam_args=[f"--runner={FLAGS.runner}", *beam_args], tokenize_only=FLAGS.tokenize_only,
                 num_shards=FLAGS.num_shards, options=options, dupe_factor=FLAGS.dupe_factor,
                 random_seed=FLAGS.random_seed, dedupe_mode=FLAGS.dedupe, extra_metadata=extra)
