@@ -96,14 +96,15 @@ def _assert_same(local, beam):
     assert not [p for p in os.listdir(beam.parent) if p.startswith(".")], "staging left behind"
 
 
-@pytest.mark.parametrize("num_shards", [1, 3, 7])
-def test_sample_text_in_memory(num_shards, data_dir, tokenizer, tmp_path):
+@pytest.mark.parametrize(("num_shards", "mode"), [(1, "in_memory"), (3, "multi_processing"), (7, "in_memory")])
+def test_sample_text(num_shards, mode, data_dir, tokenizer, tmp_path):
+    """Both outputs; seven shards of three documents leave four empty."""
     files = [str(data_dir / "corpus" / "bert_sample_text.txt")]
     for tokenize_only in (True, False):
         kind = "documents" if tokenize_only else "instances"
         _local(files, tokenizer, tmp_path / f"local-{kind}", tokenize_only=tokenize_only, num_shards=num_shards)
         _beam(files, tokenizer, tmp_path / f"beam-{kind}", tokenize_only=tokenize_only, num_shards=num_shards,
-              mode="in_memory")
+              mode=mode)
         _assert_same(tmp_path / f"local-{kind}", tmp_path / f"beam-{kind}")
 
 
