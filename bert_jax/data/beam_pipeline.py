@@ -345,8 +345,8 @@ def run(parts: Sequence[Part], tokenizer, output_dir: str, *, beam_args: Sequenc
                     repeats = (indexed | "hash" >> beam.ParDo(PartRepeats(dedupe_mode))
                                | "by hash" >> beam.GroupByKey()
                                | "repeats" >> beam.FlatMap(lambda kv: [(f, place) for f, place in sorted(kv[1])[1:]]))
-                per_part = ({"path": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
-                            | "paths" >> beam.Map(lambda kv: (kv[0], (kv[1]["path"][0], kv[1]["repeats"]))))
+                per_part = ({"part": indexed, "repeats": repeats} | "join repeats" >> beam.CoGroupByKey()
+                            | "with repeats" >> beam.Map(lambda kv: (kv[0], (kv[1]["part"][0], kv[1]["repeats"]))))
                 tokenized = per_part | "tokenize" >> beam.ParDo(TokenizePart(dedupe_mode, tokenizer)) \
                     .with_outputs("parts", "stats", main="documents")
                 offsets = tokenized.parts | "offsets" >> beam.combiners.ToList() | beam.Map(
