@@ -162,7 +162,7 @@ def test_bad_arguments_and_paths(instances, tmp_path):
         assert "\n" not in str(info.value)
     (tmp_path / "future").mkdir()
     (tmp_path / "future" / "metadata.json").write_text(json.dumps(dict(meta, format_version=7)))
-    with pytest.raises(ValueError, match="future: format_version 7, expected 1$"):
+    with pytest.raises(ValueError, match="future: format_version 7, expected 2$"):
         make_pretraining_iterator(str(tmp_path / "future"), global_batch_size=4)
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bert_jax.data import corpus
 from bert_jax.data import pretraining as pt
-from bert_jax.data import tokenization
+from bert_jax.data import token_store, tokenization
 from conftest import ROOT
 
 # The original TF1 script on gutenberg-sentences.txt (max_seq_length 128, max_predictions_per_seq 20,
@@ -122,7 +122,7 @@ def test_statistics_match_the_original(gutenberg, tokenizer):
 def _synthetic_store(num_docs, sentences, length):
     total = num_docs * sentences * length
     tokens = (np.arange(total) % 40 + 5).astype(np.int32)
-    return pt.TokenStore(tokens, np.arange(0, total + 1, length), np.arange(0, num_docs * sentences + 1, sentences))
+    return token_store.TokenStore(tokens, np.arange(0, total + 1, length), np.arange(0, num_docs * sentences + 1, sentences))
 
 
 def test_per_document_short_target_reproduces_the_original_quirk():
@@ -242,7 +242,7 @@ def test_fuzz_instance_builder(doc_sentence_lengths, max_seq_length, whole_word,
     vocab = pt.VocabInfo(size=vocab_size, cls_id=2, sep_id=3, mask_id=4, is_continuation=is_cont)
     lengths = [n for doc in doc_sentence_lengths for n in doc]
     tokens = rng.integers(5, vocab_size, size=sum(lengths)).astype(np.int32)
-    store = pt.TokenStore(tokens, np.concatenate([[0], np.cumsum(lengths)]),
+    store = token_store.TokenStore(tokens, np.concatenate([[0], np.cumsum(lengths)]),
                           np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]))
     options = pt.InstanceOptions(max_seq_length=max_seq_length, max_predictions_per_seq=max(1, max_seq_length // 6),
                                  do_whole_word_mask=whole_word, short_seq_prob=short_prob,
@@ -319,7 +319,7 @@ def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
 
 
 def test_empty_documents_are_dropped(tokenizer, tmp_path):
-    store, dropped = pt.build_token_store([["a b", "c"], [], ["d e f"], [""], []], tokenizer, str(tmp_path))
+    store, dropped = token_store.build_token_store([["a b", "c"], [], ["d e f"], [""], []], tokenizer, str(tmp_path))
     assert store.num_documents == 2 and dropped == 1
     assert np.diff(store.document_starts).tolist() == [2, 1]
     assert np.diff(store.sentence_starts).tolist() == [2, 1, 3]

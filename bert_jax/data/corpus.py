@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 from etils import epath
 
+from bert_jax import storage
 from bert_jax.data import glue
 
 # A sentence ends at . ! ? (and any closing quotes or brackets after it), before whitespace and a
@@ -49,7 +50,8 @@ def split_sentences(text: str) -> list[str]:
 
 
 def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
-    """Comma-separated globs (or a list of them) -> sorted, de-duplicated file paths.
+    """Comma-separated globs (or a list of them; local paths or URIs such as gs://bucket/c4/*.txt) -> sorted,
+    de-duplicated file paths.
 
     Raises:
       ValueError: a pattern matches no file, or no pattern is given.
@@ -60,7 +62,12 @@ def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
     for pattern in (p.strip() for p in patterns):
         if not pattern:
             continue
-        matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+        if storage.is_remote(pattern):
+            scheme, rest = pattern.split("://", 1)
+            bucket, _, glob_part = rest.partition("/")
+            matched = sorted(os.fspath(p) for p in epath.Path(f"{scheme}://{bucket}").glob(glob_part) if p.is_file())
+        else:
+            matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
         if not matched:
             raise ValueError(f"--input_file: {pattern!r} matches no file")
         files += matched
@@ -77,11 +84,24 @@ class ReadStats:
       lines: lines read.
       invalid_utf8_lines: lines skipped as not UTF-8 or holding a NUL byte.
       empty_sentences: sentences left out as empty.
+      dedupe, repeated_lines, repeated_documents: the de-duplication applied ("": none) and what it dropped
+        (`bert_jax.data.dedupe`).
     """
 
     lines: int = 0
     invalid_utf8_lines: int = 0
     empty_sentences: int = 0
+    dedupe: str = ""
+    repeated_lines: int = 0
+    repeated_documents: int = 0
+
+    def skipped(self) -> dict[str, int]:
+        """The counts of what reading skipped that metadata.json's "skipped" records: invalid_utf8_lines, and
+        repeated_lines and repeated_documents when a de-duplication ran."""
+        counts = {"invalid_utf8_lines": self.invalid_utf8_lines}
+        if self.dedupe:
+            counts.update(repeated_lines=self.repeated_lines, repeated_documents=self.repeated_documents)
+        return counts
 
 
 def _check_text(path: str, lines: int, bad: int) -> None:
@@ -153,14 +173,20 @@ def read_text_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list
             yield document
 
 
-def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,
-                        stats: ReadStats) -> Iterator[list[str]]:
-    """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
-    paragraphs split into sentences. Uses `tfds.data_source` (random access, no TensorFlow)."""
+def tfds_source(name: str, split: str, data_dir: str | None):
+    """`tfds.data_source` of a prepared TFDS dataset: random access to its examples, len() of them."""
     import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
 
-    source = tfds.data_source(name, split=split, data_dir=data_dir)
-    for i in range(len(source)):
+    return tfds.data_source(name, split=split, data_dir=data_dir)
+
+
+def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,
+                        stats: ReadStats, start: int = 0, stop: int | None = None) -> Iterator[list[str]]:
+    """A TFDS text dataset (e.g. `wikipedia/20230601.en`, key `text`): one example = one document,
+    paragraphs split into sentences; examples start .. stop - 1 (default: all). Uses `tfds.data_source`
+    (random access, no TensorFlow)."""
+    source = tfds_source(name, split, data_dir)
+    for i in range(start, len(source) if stop is None else min(stop, len(source))):
         example = source[i]
         if text_key not in example:
             raise ValueError(f"--tfds_text_key {text_key!r} is not a feature of {name} (has {sorted(example)})")

@@ -8,6 +8,12 @@ once into --num_shards ArrayRecord shards by --num_workers processes; `bert_jax.
 instances and masks from them while training, a fresh draw each epoch): the instance flags are then
 unused, and a phase's data_dir may point at the output.
 
+--runner (and Apache Beam's pipeline options after it, each as --name=value) runs the same preparation on
+Apache Beam (`bert_jax.data.beam_pipeline`: the same bytes; --num_workers is then the runner's business):
+  --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing   (this machine)
+  --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp            (Google Cloud)
+--dedupe=lines|documents drops lines or documents seen before in the corpus (`bert_jax.data.dedupe`).
+
 Input formats: `sentences` (the original: one sentence per line, blank line between documents),
 `text` (each file one document of paragraphs, split into sentences), or a TFDS dataset with
 --tfds_name. See `bert_jax.data.pretraining` for the procedure and the output format.
@@ -18,7 +24,7 @@ import sys
 from absl import app, flags
 
 from bert_jax import errors, storage
-from bert_jax.data import corpus, document_shards, pretraining, tokenization
+from bert_jax.data import corpus, dedupe, document_shards, pretraining, tokenization
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
@@ -46,11 +52,31 @@ flags.DEFINE_string("tfds_text_key", "text", "TFDS feature holding the document 
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).")
 flags.DEFINE_bool("tokenize_only", False, "Write tokenized documents for dynamic instances (bert_jax.data.dynamic), "
                   "not instances.")
+flags.DEFINE_enum("dedupe", "none", list(dedupe.MODES), "Drop lines or documents seen before in the corpus "
+                  "(exact, whole corpus; counted in metadata.json's skipped).")
+flags.DEFINE_string("runner", None, "Apache Beam runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner): "
+                    "prepare on Beam (bert_jax.data.beam_pipeline), with Beam's options as further --name=value "
+                    "flags. Default: processes on this machine.")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flags, the rest (Beam's pipeline options, stray arguments) left for `main`; a bad flag value
+    exits as absl does."""
+    try:
+        return FLAGS(argv, known_only=True)
+    except flags.Error as e:
+        sys.stderr.write(f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags.\n")
+        sys.exit(1)
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    positional = [a for a in argv[1:] if not a.startswith("-")]
+    if positional:
+        raise app.UsageError(f"unexpected arguments {positional}")
+    beam_args = argv[1:]
+    if beam_args and not FLAGS.runner:
+        raise errors.exit_with("create_pretraining_data", ValueError(
+            f"unknown flags {beam_args} (Apache Beam's pipeline options go with --runner)"))
     if not FLAGS.output_dir or not FLAGS.vocab_file:
         raise SystemExit("--output_dir and --vocab_file are required")
     if bool(FLAGS.input_file) == bool(FLAGS.tfds_name):
@@ -58,37 +84,54 @@ def main(argv):
     try:
         storage.check_output_dir(FLAGS.output_dir, "--output_dir")
         tokenizer = tokenization.Tokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
-        stats = corpus.ReadStats()
-        if FLAGS.tfds_name:
-            documents = corpus.read_tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
-                                                        FLAGS.tfds_data_dir, stats)
-        else:
-            files = corpus.expand_input_files(FLAGS.input_file)
-            read = {"sentences": corpus.read_sentence_documents,
-                    "text": corpus.read_text_documents}[FLAGS.input_format]
-            documents = read(files, stats)
         source = {"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name, "input_format": FLAGS.input_format}
-        if FLAGS.tokenize_only:
-            metadata = document_shards.tokenize_documents(
-                documents, tokenizer, FLAGS.output_dir, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
-                read_stats=stats, extra_metadata=source)
-            print(f"wrote {metadata['num_documents']} documents, {metadata['num_tokens']} tokens to "
-                  f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
-            return 0
+        if FLAGS.dedupe != "none":
+            source["dedupe"] = FLAGS.dedupe
+        extra = source if FLAGS.tokenize_only else {**source, "do_lower_case": FLAGS.do_lower_case}
         options = pretraining.InstanceOptions(
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
             do_whole_word_mask=FLAGS.do_whole_word_mask, short_seq_per_document=FLAGS.short_seq_per_document)
-        metadata = pretraining.create_pretraining_data(
-            documents, tokenizer, FLAGS.output_dir, options=options, dupe_factor=FLAGS.dupe_factor,
-            random_seed=FLAGS.random_seed, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
-            read_stats=stats, progress=True,
-            extra_metadata={"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name,
-                            "do_lower_case": FLAGS.do_lower_case, "input_format": FLAGS.input_format})
+        if FLAGS.runner:
+            from bert_jax.data import beam_pipeline  # imports Apache Beam
+
+            if FLAGS.tfds_name:
+                parts = beam_pipeline.tfds_parts(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
+                                                 FLAGS.tfds_data_dir)
+            else:
+                parts = beam_pipeline.file_parts(corpus.expand_input_files(FLAGS.input_file), FLAGS.input_format)
+            metadata = beam_pipeline.run(
+                parts, tokenizer, FLAGS.output_dir,
+                beam_args=[f"--runner={FLAGS.runner}", *beam_args], tokenize_only=FLAGS.tokenize_only,
+                num_shards=FLAGS.num_shards, options=options, dupe_factor=FLAGS.dupe_factor,
+                random_seed=FLAGS.random_seed, dedupe_mode=FLAGS.dedupe, extra_metadata=extra)
+        else:
+            stats = corpus.ReadStats()
+            if FLAGS.tfds_name:
+                documents = corpus.read_tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
+                                                       FLAGS.tfds_data_dir, stats)
+            else:
+                read = {"sentences": corpus.read_sentence_documents,
+                        "text": corpus.read_text_documents}[FLAGS.input_format]
+                documents = read(corpus.expand_input_files(FLAGS.input_file), stats)
+            documents = dedupe.drop_repeats(documents, FLAGS.dedupe, dedupe.first_seen(), stats)
+            if FLAGS.tokenize_only:
+                metadata = document_shards.tokenize_documents(
+                    documents, tokenizer, FLAGS.output_dir, num_shards=FLAGS.num_shards,
+                    num_workers=FLAGS.num_workers, read_stats=stats, extra_metadata=extra)
+            else:
+                metadata = pretraining.create_pretraining_data(
+                    documents, tokenizer, FLAGS.output_dir, options=options, dupe_factor=FLAGS.dupe_factor,
+                    random_seed=FLAGS.random_seed, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
+                    read_stats=stats, progress=True, extra_metadata=extra)
     except errors.USER_ERRORS as e:  # OSError: a missing input, an upload that failed
         raise errors.exit_with("create_pretraining_data", e) from None
-    print(f"wrote {metadata['num_instances']} instances in {len(metadata['shards'])} shard(s) to "
-          f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
+    if FLAGS.tokenize_only:
+        print(f"wrote {metadata['num_documents']} documents, {metadata['num_tokens']} tokens to "
+              f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
+    else:
+        print(f"wrote {metadata['num_instances']} instances in {len(metadata['shards'])} shard(s) to "
+              f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
     return 0
 
 
@@ -96,4 +139,4 @@ if __name__ == "__main__":
     from bert_jax import console
 
     console.install()
-    sys.exit(app.run(main))
+    sys.exit(app.run(main, flags_parser=_parse_flags))

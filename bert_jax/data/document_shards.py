@@ -36,7 +36,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax import storage
-from bert_jax.data import formats
+from bert_jax.data import corpus, formats
 
 # Sentences tokenized per unit of work (one batch of whole documents).
 BATCH_SENTENCES = 20000
@@ -79,6 +79,9 @@ def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 # ----------------------------------------------------------------------------- writing
 
+# The ArrayRecord writer options of document shards (part of their bytes).
+WRITER_OPTIONS = "group_size:1,uncompressed"
+
 _WORKER: dict[str, Any] = {}
 
 
@@ -86,10 +89,14 @@ def _init_worker(tokenizer) -> None:
     _WORKER["tokenizer"] = tokenizer
 
 
-def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes], int, int, np.ndarray]:
-    """Documents -> (records of the documents keeping a sentence (the others are dropped), sentences dropped
-    as empty, sentences kept, token ids' counts int64 [V])."""
-    tokenizer = _WORKER["tokenizer"]
+def tokenize_batch(tokenizer, batch: list[list[str]]) -> tuple[list[bytes | None], int, int, np.ndarray]:
+    """Documents (lists of sentence strings) -> (one record per document (`encode_document`), None for a
+    document left without a sentence holding a token; sentences dropped as empty; sentences kept; token ids'
+    counts int64 [vocab_size]). A document's record does not depend on the batch it is in.
+
+    Raises:
+      TypeError: a sentence that is not a str (from the tokenizer).
+    """
     flat, lengths = tokenizer.encode_batch_flat([s for document in batch for s in document])
     records, dropped, kept_sentences = [], 0, 0
     token_start = sentence = 0
@@ -99,15 +106,19 @@ def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes], int, int, np.n
         size = int(doc_lengths.sum())
         kept = doc_lengths[doc_lengths > 0]
         dropped += len(doc_lengths) - len(kept)
-        if len(kept):
-            records.append(encode_document(flat[token_start : token_start + size], kept))
-            kept_sentences += len(kept)
+        records.append(encode_document(flat[token_start : token_start + size], kept) if len(kept) else None)
+        kept_sentences += len(kept)
         token_start += size
     return records, dropped, kept_sentences, np.bincount(flat, minlength=tokenizer.vocab_size)
 
 
-def _batches(documents: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[list[str]]]:
-    """Documents in batches of about BATCH_SENTENCES sentences; counts["documents"] counts every document read."""
+def _tokenize_batch(batch: list[list[str]]) -> tuple[list[bytes | None], int, int, np.ndarray]:
+    return tokenize_batch(_WORKER["tokenizer"], batch)
+
+
+def batches(documents: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[list[str]]]:
+    """Documents in batches of about BATCH_SENTENCES sentences (empty documents left out);
+    counts["documents"] counts every document read."""
     batch, size = [], 0
     for document in documents:
         counts["documents"] += 1
@@ -171,10 +182,10 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
         num_documents = num_sentences = dropped = 0
         read = collections.Counter()
         try:
-            writers.extend(ArrayRecordWriter(os.path.join(work, n), "group_size:1,uncompressed") for n in names)
+            writers.extend(ArrayRecordWriter(os.path.join(work, n), WRITER_OPTIONS) for n in names)
             for records, batch_dropped, batch_sentences, batch_counts in _in_order(
-                    _batches(documents, read), num_workers, tokenizer):
-                for record in records:
+                    batches(documents, read), num_workers, tokenizer):
+                for record in filter(None, records):
                     writers[num_documents % num_shards].write(record)
                     shard_documents[num_documents % num_shards] += 1
                     num_documents += 1
@@ -189,26 +200,35 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
         np.save(os.path.join(work, formats.COUNTS_NAME), counts)
         shutil.copyfile(tokenizer.vocab_file, os.path.join(work, formats.VOCAB_NAME))
         storage.publish(work, output_dir, [*names, formats.COUNTS_NAME, formats.VOCAB_NAME])
-        metadata = {
-            "kind": formats.DOCUMENTS_KIND,
-            "format_version": formats.DOCUMENTS_FORMAT_VERSION,
-            "shards": names,
-            "shard_documents": shard_documents,
-            "num_documents": num_documents,
-            "num_sentences": num_sentences,
-            "num_tokens": int(counts.sum()),
-            "skipped": {"invalid_utf8_lines": getattr(read_stats, "invalid_utf8_lines", 0),
-                        "empty_sentences": dropped, "empty_documents": read["documents"] - num_documents},
-            "vocab_size": tokenizer.vocab_size,
-            "vocab_sha256": tokenizer.vocab_sha256,
-            "do_lower_case": tokenizer.do_lower_case,
-            **(extra_metadata or {}),
-            "seconds": round(time.time() - start, 3),
-        }
+        metadata = documents_metadata(
+            shard_documents=shard_documents, num_sentences=num_sentences, num_tokens=int(counts.sum()),
+            skipped={**(read_stats or corpus.ReadStats()).skipped(), "empty_sentences": dropped, "empty_documents": read["documents"] - num_documents},
+            tokenizer=tokenizer, extra_metadata=extra_metadata, seconds=time.time() - start)
         storage.write_json(storage.join(output_dir, formats.METADATA_NAME), metadata)
         return metadata
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def documents_metadata(*, shard_documents: list[int], num_sentences: int, num_tokens: int, skipped: dict,
+                       tokenizer, extra_metadata: dict | None, seconds: float) -> dict:
+    """The metadata.json of tokenized documents (module docstring): shard names and document counts, the
+    corpus's counts, what was skipped, the vocabulary, `extra_metadata` (the source) and the seconds taken."""
+    return {
+        "kind": formats.DOCUMENTS_KIND,
+        "format_version": formats.DOCUMENTS_FORMAT_VERSION,
+        "shards": shard_names(len(shard_documents)),
+        "shard_documents": [int(n) for n in shard_documents],
+        "num_documents": int(sum(shard_documents)),
+        "num_sentences": int(num_sentences),
+        "num_tokens": int(num_tokens),
+        "skipped": skipped,
+        "vocab_size": tokenizer.vocab_size,
+        "vocab_sha256": tokenizer.vocab_sha256,
+        "do_lower_case": tokenizer.do_lower_case,
+        **(extra_metadata or {}),
+        "seconds": round(seconds, 3),
+    }
 
 
 # ----------------------------------------------------------------------------- reading

@@ -2,7 +2,7 @@
 the ArrayRecord shards a metadata.json lists, opened and checked complete.
 
 Two kinds of directory, each complete once its metadata.json exists (written last, `storage.publish`):
-  static instances (`pretraining.create_pretraining_data`): metadata.json {"format_version": 1,
+  static instances (`pretraining.create_pretraining_data`): metadata.json {"format_version": 2,
     "shards", "shard_counts", "num_instances", "flags": {"max_seq_length", "max_predictions_per_seq", ...},
     ...}; no "kind" item.
   tokenized documents (`document_shards.tokenize_documents`): metadata.json {"kind": "documents",
@@ -21,7 +21,7 @@ from bert_jax import storage
 
 METADATA_NAME = "metadata.json"
 VOCAB_NAME = "vocab.txt"
-INSTANCES_FORMAT_VERSION = 1
+INSTANCES_FORMAT_VERSION = 2  # 2: instances of document j in shard j % n, streams per shard
 DOCUMENTS_KIND = "documents"
 DOCUMENTS_FORMAT_VERSION = 2
 COUNTS_NAME = "token_counts.npy"  # int64 [vocab_size]: occurrences of each token id in the documents
