@@ -30,20 +30,21 @@ def exit_with(command: str, error: BaseException) -> SystemExit:
     return SystemExit(f"{command}: {'; '.join(lines) or type(error).__name__}")
 
 
-def run(main: Callable[[list[str]], Any], command: str) -> None:
+def run(main: Callable[[list[str]], Any], command: str, known_only: bool = False) -> None:
     """`absl.app.run(main)` with the command line's errors as `exit_with(command, error)`: one line on stderr,
     exit status 1, where absl prints two or more (its "FATAL Flags parsing error" and a usage hint, or the
     whole usage text) or ml_collections a traceback. The errors: an unknown flag, a flag value its parser
     rejects and a required flag not given (absl's `flags.Error`, naming the flag); a `--config.<path>`
     override naming no field of the recipe (ml_collections' KeyError / AttributeError); an
-    `app.UsageError` that `main` raises (e.g. unexpected positional arguments). Never returns: exits with
-    main's return value as absl does.
+    `app.UsageError` that `main` raises (e.g. unexpected positional arguments). `known_only`: flags absl does
+    not define are left in argv for `main` (another parser's options, e.g. Apache Beam's). Never returns:
+    exits with main's return value as absl does.
     """
     from absl import app, flags
 
     def parse(argv: list[str]) -> list[str]:
         try:
-            return flags.FLAGS(argv)
+            return flags.FLAGS(argv, known_only=known_only)
         except flags.Error as e:
             raise exit_with(command, e) from None
         except (KeyError, AttributeError, IndexError) as e:

@@ -274,7 +274,8 @@ def test_cli_writes_instances_and_fails_cleanly(data_dir, tmp_path):
     assert bad.returncode != 0 and "matches no file" in bad.stderr and "Traceback" not in bad.stderr
     stray = subprocess.run(cmd[:4] + [f"--output_dir={tmp_path / 'stray'}"] + cmd[5:] + ["more.txt"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
-    assert stray.returncode == 1 and stray.stderr.strip().splitlines()[-1] == "unexpected arguments ['more.txt']"
+    assert stray.returncode == 1 and stray.stderr.strip().splitlines() == [
+        "create_pretraining_data: unexpected arguments ['more.txt']"]
     assert "Traceback" not in stray.stderr and not (tmp_path / "stray").exists()
 
 

@@ -59,16 +59,6 @@ flags.DEFINE_string("runner", None, "Apache Beam runner (DirectRunner, DataflowR
                     "flags. Default: processes on this machine.")
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's flags, the rest (Beam's pipeline options, stray arguments) left for `main`; a bad flag value
-    exits as absl does."""
-    try:
-        return FLAGS(argv, known_only=True)
-    except flags.Error as e:
-        sys.stderr.write(f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags.\n")
-        sys.exit(1)
-
-
 def main(argv):
     positional = [a for a in argv[1:] if not a.startswith("-")]
     if positional:
@@ -139,4 +129,4 @@ if __name__ == "__main__":
     from bert_jax import console
 
     console.install()
-    sys.exit(app.run(main, flags_parser=_parse_flags))
+    errors.run(main, "create_pretraining_data", known_only=True)

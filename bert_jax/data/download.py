@@ -373,9 +373,9 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bert_jax.data.download", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser = errors.ArgumentParser(prog="python -m bert_jax.data.download", description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("dataset", choices=[*DATASETS, "all"])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--version", default="1.1", help="SQuAD's: 1.1, 2.0 or all (default 1.1; `all` fetches both)")
