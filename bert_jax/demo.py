@@ -53,6 +53,8 @@ _DYNAMIC = flags.DEFINE_bool("dynamic", True, "Tokenize the corpus once, draw in
                              "(--dupe_factor copies), one per row.")
 _DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", 3, "Passes over the corpus when generating static instances "
                                     "(--dynamic=false).")
+_SST2_TRAIN_EXAMPLES = flags.DEFINE_integer("sst2_train_examples", 2000, "SST-2 training sentences used (the "
+                                            "first ones; all 872 dev sentences are evaluated).")
 _SQUAD_TRAIN_EXAMPLES = flags.DEFINE_integer("squad_train_examples", 2000, "SQuAD training questions used.")
 _SQUAD_EVAL_EXAMPLES = flags.DEFINE_integer("squad_eval_examples", 500, "SQuAD dev questions evaluated.")
 _RANDOM_BASELINE = flags.DEFINE_bool("random_baseline", True, "Also fine-tune each task from random "
@@ -144,7 +146,7 @@ def phase_summary(records: list[dict], phases) -> list[dict]:
 
 def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str | None, vocab_size: int,
         total_steps: int | None, dupe_factor: int, squad_train_examples: int, squad_eval_examples: int,
-        random_baseline: bool = True, dynamic: bool = True) -> dict:
+        random_baseline: bool = True, dynamic: bool = True, sst2_train_examples: int = 2000) -> dict:
     """The whole pipeline (module docstring) -> the summary dict (also written to workdir/summary.json)."""
     start = time.perf_counter()
     workdir = os.path.abspath(workdir)
@@ -234,7 +236,8 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
     # 5. fine-tuning from the final checkpoint and from random init, each in a fresh process
     stages = []
     if sst2_dir:
-        stages.append(("sst2_2k", "SST-2 (2000 training sentences, dev accuracy)", dict(data_dir=sst2_dir)))
+        stages.append(("sst2_2k", f"SST-2 ({sst2_train_examples} training sentences, dev accuracy)",
+                       dict(data_dir=sst2_dir, max_train_examples=sst2_train_examples)))
     else:
         summary["finetune"]["sst2_2k"] = f"skipped: no GLUE folder (set GLUE_DIR or --glue_dir); get: {GLUE_DOWNLOAD}"
         print(f"[5/6] SST-2: {summary['finetune']['sst2_2k']}", flush=True)
@@ -306,7 +309,7 @@ def main(argv):
     try:
         run(_CORPUS.value, _WORKDIR.value, squad_dir, glue_dir, _VOCAB_SIZE.value, _TOTAL_STEPS.value,
             _DUPE_FACTOR.value, _SQUAD_TRAIN_EXAMPLES.value, _SQUAD_EVAL_EXAMPLES.value, _RANDOM_BASELINE.value,
-            _DYNAMIC.value)
+            _DYNAMIC.value, _SST2_TRAIN_EXAMPLES.value)
     except (DemoError, *errors.USER_ERRORS) as e:
         print(errors.exit_with("demo", e).code, file=sys.stderr)
         return 1

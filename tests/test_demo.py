@@ -27,7 +27,7 @@ def test_demo_whole_pipeline(tmp_path, data_dir):
     workdir = tmp_path / "demo"
     result = _demo("--workdir", str(workdir), "--total_steps", "40",
                    "--squad_dir", str(data_dir / "squad"), "--glue_dir", str(data_dir / "glue"),
-                   "--squad_train_examples", "200", "--squad_eval_examples", "50")
+                   "--sst2_train_examples", "256", "--squad_train_examples", "96", "--squad_eval_examples", "32")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "=== bert_jax demo summary ===" in result.stdout
     summary = json.loads((workdir / "summary.json").read_text())
@@ -47,9 +47,9 @@ def test_demo_whole_pipeline(tmp_path, data_dir):
             assert 0 <= stage[init] <= 100
             assert (workdir / "finetune" / f"{probe}-{init}" / metric_file).is_file()
     sst2 = summary["finetune"]["sst2_2k"]
-    assert re.search(rf"SST-2 .*: pre-trained {sst2['pretrained']:.1f}, random init {sst2['random']:.1f} "
+    assert re.search(rf"SST-2 \(256 training sentences, dev accuracy\): pre-trained {sst2['pretrained']:.1f}, random init {sst2['random']:.1f} "
                      r"\(same recipe\): [+-][\d.]+ from pre-training", result.stdout)
-    assert re.search(r"SQuAD v1.1 \(50 dev questions, F1\): pre-trained [\d.]+, random init [\d.]+", result.stdout)
+    assert re.search(r"SQuAD v1.1 \(32 dev questions, F1\): pre-trained [\d.]+, random init [\d.]+", result.stdout)
 
 
 def test_demo_fails_clearly_on_bad_input(tmp_path):

@@ -275,11 +275,11 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
 # ----------------------------------------------------------------------------- subprocess runs
 
 
-def _cmd(instances, workdir, total_steps=30, extra=(), phase1_data=None):
+def _cmd(instances, workdir, total_steps=16, extra=(), phase1_data=None):
     return [sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
             f"--config.phases[0].data_dir={phase1_data or instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
-            f"--config.total_steps={total_steps}", "--config.phases[0].fraction=0.5",
-            "--config.phases[1].fraction=0.5", "--config.checkpoint_every=4", "--config.log_every=5",
+            f"--config.total_steps={total_steps}", "--config.warmup_steps=4", "--config.phases[0].fraction=0.5",
+            "--config.phases[1].fraction=0.5", "--config.checkpoint_every=3", "--config.log_every=4",
             "--config.keep_checkpoints=50", *extra]
 
 
@@ -308,9 +308,9 @@ def uninterrupted(instances, tmp_path_factory):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
-    assert metrics["step"] == 30 and metrics["phase"] == 1
-    assert 15 in _steps(workdir)  # the checkpoint at the phase switch (15 is no multiple of checkpoint_every)
-    return _final_params(workdir, 30)
+    assert metrics["step"] == 16 and metrics["phase"] == 1
+    assert 8 in _steps(workdir)  # the checkpoint at the phase switch (8 is no multiple of checkpoint_every)
+    return _final_params(workdir, 16)
 
 
 PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
@@ -322,7 +322,7 @@ def uninterrupted_packed(instances, documents, tmp_path_factory):
     result = subprocess.run(_cmd(instances, workdir, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    return _final_params(workdir, 30)
+    return _final_params(workdir, 16)
 
 
 def _kill_at(instances, workdir, at_least, delay, extra=(), phase1_data=None):
@@ -346,17 +346,17 @@ def test_sigkill_then_resume_is_bit_identical(where, instances, uninterrupted, t
     # Killed at a random point inside phase 1 (the resumed run then crosses the switch) or inside phase 2.
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    at_least, delay = rng.randint(3, 8) if where == "phase1" else rng.randint(18, 26), rng.uniform(0.0, 0.2)
+    at_least, delay = rng.randint(2, 5) if where == "phase1" else rng.randint(9, 13), rng.uniform(0.0, 0.2)
     print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
     _kill_at(instances, tmp_path, at_least, delay)
     killed_at = max(_steps(tmp_path))
     print(f"last checkpoint before the kill: step {killed_at}")
-    assert killed_at < (15 if where == "phase1" else 30)
+    assert killed_at < (8 if where == "phase1" else 16)
     result = subprocess.run(_cmd(instances, tmp_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
-    resumed = _final_params(tmp_path, 30)
+    resumed = _final_params(tmp_path, 16)
     assert resumed.keys() == uninterrupted.keys()
     for k in resumed:
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
@@ -371,16 +371,16 @@ def test_sigkill_then_resume_is_bit_identical_with_dynamic_data_and_packing(inst
     run's parameters, bit for bit (and not with the static unpacked run's)."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    at_least, delay = rng.randint(3, 8), rng.uniform(0.0, 0.2)
+    at_least, delay = rng.randint(2, 5), rng.uniform(0.0, 0.2)
     print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
     _kill_at(instances, tmp_path, at_least, delay, extra=PACKED, phase1_data=documents)
     killed_at = max(_steps(tmp_path))
-    assert killed_at < 15
+    assert killed_at < 8
     result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
-    resumed = _final_params(tmp_path, 30)
+    resumed = _final_params(tmp_path, 16)
     for k in resumed:
         np.testing.assert_array_equal(resumed[k], uninterrupted_packed[k], err_msg=k)
     assert any(not np.array_equal(resumed[k], uninterrupted[k]) for k in resumed)
@@ -424,9 +424,9 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
     mesh = sharding.make_mesh(2, 2, 2)
     abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
     checkpointer = train.checkpointing.Checkpointer(str(workdir / "checkpoints"))
-    state, data = checkpointer.restore(30, train.checkpointing.abstract_like(abstract, shardings))
+    state, data = checkpointer.restore(16, train.checkpointing.abstract_like(abstract, shardings))
     checkpointer.close()
-    assert data["phase"] == 1 and int(state.step) == 30
+    assert data["phase"] == 1 and int(state.step) == 16
     word = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
     assert word.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
     restored = traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
