@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration  # every test runs commands in subprocesses
 def _args(instances, workdir, max_steps, extra=()):
     return ["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", str(workdir),
             f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
-            "--config.total_steps=10", "--config.warmup_steps=2", "--config.checkpoint_every=5",
+            "--config.total_steps=6", "--config.warmup_steps=2", "--config.checkpoint_every=3",
             f"--max_steps={max_steps}", *extra]
 
 
@@ -89,34 +89,35 @@ def _assert_same(a, b):
 
 @pytest.mark.slow
 def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, tmp_path):
-    one = _single(instances, tmp_path / "one", 10)
-    two = _two_processes(instances, tmp_path / "two", 10)
+    one = _single(instances, tmp_path / "one", 6)
+    two = _two_processes(instances, tmp_path / "two", 6)
     import json
 
     m1, m2 = json.loads(one), json.loads(two)
-    assert m1["step"] == m2["step"] == 10
+    assert m1["step"] == m2["step"] == 6
     assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5)
-    reference = _state(tmp_path / "one", 10)
-    _assert_same(_params(_state(tmp_path / "two", 10, like=reference)), _params(reference))
-    # 1 process -> 2 processes: resume the single-process run's step-5 checkpoint on two hosts.
-    _copy_checkpoint(tmp_path / "one", tmp_path / "handoff", 5)
-    _two_processes(instances, tmp_path / "handoff", 10)
-    _assert_same(_params(_state(tmp_path / "handoff", 10, like=reference)), _params(reference))
-    # 2 processes -> 1 process: resume the two-host step-5 checkpoint in one process.
-    _copy_checkpoint(tmp_path / "two", tmp_path / "back", 5)
-    _single(instances, tmp_path / "back", 10)
-    _assert_same(_params(_state(tmp_path / "back", 10, like=reference)), _params(reference))
+    reference = _state(tmp_path / "one", 6)
+    _assert_same(_params(_state(tmp_path / "two", 6, like=reference)), _params(reference))
+    # 1 process -> 2 processes: resume the single-process run's step-3 checkpoint on two hosts (the resumed
+    # run crosses the phase switch at step 5).
+    _copy_checkpoint(tmp_path / "one", tmp_path / "handoff", 3)
+    _two_processes(instances, tmp_path / "handoff", 6)
+    _assert_same(_params(_state(tmp_path / "handoff", 6, like=reference)), _params(reference))
+    # 2 processes -> 1 process: resume the two-host step-3 checkpoint in one process.
+    _copy_checkpoint(tmp_path / "two", tmp_path / "back", 3)
+    _single(instances, tmp_path / "back", 6)
+    _assert_same(_params(_state(tmp_path / "back", 6, like=reference)), _params(reference))
 
 
 @pytest.mark.slow
 def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documents, tmp_path):
     """Packed rows from dynamic instances differ per process, and so does each process's grain state: a
-    two-process run stopped at step 5 and resumed ends with the parameters of the uninterrupted run."""
+    two-process run stopped at step 3 and resumed ends with the parameters of the uninterrupted run."""
     extra = (f"--config.phases[0].data_dir={documents}", "--config.phases[0].packing=True",
              "--config.phases[1].packing=True")
-    _two_processes(instances, tmp_path / "whole", 10, extra)
-    _two_processes(instances, tmp_path / "resumed", 5, extra)
-    _two_processes(instances, tmp_path / "resumed", 10, extra)
+    _two_processes(instances, tmp_path / "whole", 6, extra)
+    _two_processes(instances, tmp_path / "resumed", 3, extra)
+    _two_processes(instances, tmp_path / "resumed", 6, extra)
     from bert_jax import checkpointing, engine, sharding, train
     from bert_jax.configs import pretrain
 
@@ -127,7 +128,7 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
     like = checkpointing.abstract_like(abstract, shardings).params
 
     def params(run):
-        restored = checkpointing.restore_params(str(tmp_path / run / "checkpoints"), like, step=10)
+        restored = checkpointing.restore_params(str(tmp_path / run / "checkpoints"), like, step=6)
         return traverse_util.flatten_dict(jax.device_get(restored), sep="/")
 
     whole, resumed = params("whole"), params("resumed")
@@ -137,17 +138,17 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, documen
 
 @pytest.mark.slow
 def test_packed_dynamic_input_resumes_on_another_process_count(instances, documents, tmp_path):
-    """Packed rows of dynamic instances: a two-process checkpoint at step 5 continues in one process, and a
+    """Packed rows of dynamic instances: a two-process checkpoint at step 3 continues in one process, and a
     one-process checkpoint on two, each saying in one line that the input is re-split (the documents drawn
     across such a restart: tests/test_stream.py); the run then checkpoints the new order and finishes."""
     import json
 
     extra = (f"--config.phases[0].data_dir={documents}", "--config.phases[0].packing=True",
-             "--config.phases[1].packing=True", "--config.total_steps=8", "--config.checkpoint_every=4")
+             "--config.phases[1].packing=True")
     log = []
-    _two_processes(instances, tmp_path / "two", 4, extra)
-    final = json.loads(_single(instances, tmp_path / "two", 8, extra, log))
-    _single(instances, tmp_path / "one", 4, extra)
+    _two_processes(instances, tmp_path / "two", 3, extra)
+    final = json.loads(_single(instances, tmp_path / "two", 6, extra, log))
+    _single(instances, tmp_path / "one", 3, extra)
     final_two = json.loads(_two_processes(instances, tmp_path / "one", 6, extra, log))
     for text, (old, new) in zip(log, ((2, 1), (1, 2))):
         notices = [line for line in text.splitlines() if "re-split" in line]
@@ -155,5 +156,5 @@ def test_packed_dynamic_input_resumes_on_another_process_count(instances, docume
         assert notices[0].startswith(f"train: phase 0's input ran on {old} processes, this run has {new}: "
                                      f"it continues in epoch "), notices[0]
         assert "not bit-identical" in notices[0]
-    assert final["step"] == 8 and final_two["step"] == 6
+    assert final["step"] == 6 and final_two["step"] == 6
     assert np.isfinite(final["loss"]) and np.isfinite(final_two["loss"])
