@@ -117,8 +117,8 @@ def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_docume
     lower the MLM loss."""
     config = pretrain.get_config("tiny")
     config.init_checkpoint = str(minilm_dir)
-    for p in config.phases:
-        p.data_dir, p.batch_size = str(gutenberg_documents), 8
+    config.phases = [config.phases[0]]  # one phase (length 64): one program of the 6-layer model to compile
+    config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = str(gutenberg_documents), 8, 1.0
     config.total_steps, config.warmup_steps, config.learning_rate = 50, 5, 1e-4
     config.log_every, config.checkpoint_every = 1, 50
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
