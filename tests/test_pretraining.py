@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bert_jax.data import corpus
 from bert_jax.data import pretraining as pt
-from bert_jax.data import token_store, tokenization
+from bert_jax.data import token_store
 from conftest import ROOT
 
 # The original TF1 script on gutenberg-sentences.txt (max_seq_length 128, max_predictions_per_seq 20,
@@ -21,16 +21,6 @@ from conftest import ROOT
 ORIGINAL_INSTANCES = (23638, 29891)
 ORIGINAL_IS_NEXT = (0.423, 0.484)
 ORIGINAL_MASKED = 0.153
-
-
-@pytest.fixture(scope="module")
-def vocab_file(data_dir):
-    return str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vocab_file):
-    return tokenization.Tokenizer(vocab_file, do_lower_case=True)
 
 
 def _generate(tokenizer, files, out, **kwargs):
