@@ -16,7 +16,8 @@ from flax import traverse_util
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.integration  # every test runs commands in subprocesses
+# every test runs commands in subprocesses; one at a time (two processes of 4 devices each fill 2 cores)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("multihost")]
 
 
 def _args(instances, workdir, max_steps, extra=()):
