@@ -168,7 +168,7 @@ def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
 
     paragraphs = [p for p in (data_dir / "corpus" / "bert_sample_text.txt").read_text().split("\n\n") if p.strip()]
 
-    class SampleCorpus(tfds.core.GeneratorBasedBuilder):
+    class BeamSampleCorpus(tfds.core.GeneratorBasedBuilder):  # a name no other test registers
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
@@ -182,12 +182,12 @@ def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
                 yield i, {"text": " ".join(p.split("\n")) if i % 4 != 1 else "\u200b"}  # one without a token
 
     tfds_dir = str(tmp_path / "tfds")
-    SampleCorpus(data_dir=tfds_dir, file_format="array_record").download_and_prepare()
+    BeamSampleCorpus(data_dir=tfds_dir, file_format="array_record").download_and_prepare()
     stats = corpus.ReadStats()
-    document_shards.tokenize_documents(corpus.read_tfds_documents("sample_corpus", "train", "text", tfds_dir, stats),
+    document_shards.tokenize_documents(corpus.read_tfds_documents("beam_sample_corpus", "train", "text", tfds_dir, stats),
                                        tokenizer, str(tmp_path / "local"), num_shards=2, read_stats=stats,
                                        extra_metadata={"source": "test"})
-    parts = beam_pipeline.tfds_parts("sample_corpus", "train", "text", tfds_dir, examples_per_part=2)
+    parts = beam_pipeline.tfds_parts("beam_sample_corpus", "train", "text", tfds_dir, examples_per_part=2)
     assert len(parts) == 3
     _beam(parts, tokenizer, tmp_path / "beam", tokenize_only=True, num_shards=2, mode="in_memory")
     _assert_same(tmp_path / "local", tmp_path / "beam")
