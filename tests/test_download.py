@@ -215,7 +215,8 @@ def _make(tmp_path, *args, **env):
         f'exec "{sys.executable}" "$@"\n')
     (venv / "bin" / "python").chmod(0o755)
     (venv / ".installed").touch()
-    full_env = {k: v for k, v in os.environ.items() if k != "BERT_JAX_DATA"}
+    # a user's own `make`, not a sub-make of the `make test` that may be running this suite
+    full_env = {k: v for k, v in os.environ.items() if k not in ("BERT_JAX_DATA", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     full_env.update(PYTHONPATH=str(ROOT), **env)
     return subprocess.run(["make", "-s", f"VENV={venv}", *args], cwd=repo, env=full_env, capture_output=True,
                           text=True, timeout=120, check=False)
