@@ -15,6 +15,20 @@ from typing import Sequence
 from bert_jax import storage
 
 
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch when it is installed
+    (1-2 s) only to accept torch tensors, and a Writer passes floats."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects without torch
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class Writer:
     """Scalars to `<workdir>/tensorboard/` (event files) and `<workdir>/metrics.jsonl` (one JSON object
     per call: {"step", "prefix", name: value, ...}; continued, not replaced, by a resumed run).
@@ -25,8 +39,7 @@ class Writer:
     """
 
     def __init__(self, workdir: str):
-        from tensorboardX import SummaryWriter
-
+        SummaryWriter = _summary_writer_class()
         storage.makedirs(workdir)
         self.tensorboard = SummaryWriter(storage.join(workdir, "tensorboard"))
         self.jsonl_path = storage.join(workdir, "metrics.jsonl")

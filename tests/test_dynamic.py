@@ -240,3 +240,14 @@ def test_filled_rows_keep_their_instances_and_add_valid_ones(documents, monkeypa
         assert packing.padding_fraction(f) <= packing.padding_fraction(p)
     assert fillers > 0
     assert sum(map(packing.padding_fraction, filled)) < sum(map(packing.padding_fraction, plain))
+
+
+def test_default_shuffle_window_is_at_most_one_epoch_per_process():
+    """The window holds about one epoch's instances of a process (tokens over max_seq_length - 3, over the
+    process count), at most DEFAULT_SHUFFLE_WINDOW; without a token count, DEFAULT_SHUFFLE_WINDOW."""
+    options = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+    assert dynamic.default_shuffle_window({"num_tokens": 61_000}, options, 1) == 1000
+    assert dynamic.default_shuffle_window({"num_tokens": 61_000}, options, 2) == 500
+    assert dynamic.default_shuffle_window({"num_tokens": 30}, options, 1) == 1
+    assert dynamic.default_shuffle_window({"num_tokens": 10**9}, options, 8) == dynamic.DEFAULT_SHUFFLE_WINDOW
+    assert dynamic.default_shuffle_window({}, options, 1) == dynamic.DEFAULT_SHUFFLE_WINDOW

@@ -75,10 +75,10 @@ def test_tokenized_documents_at_a_uri_train_bit_for_bit_as_local_ones(s3, data_d
         config = pretrain.get_config("tiny")
         config.phases = [config.phases[0]]
         config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = path, 8, 1.0
-        config.total_steps, config.warmup_steps, config.checkpoint_every = 20, 2, 20
+        config.total_steps, config.warmup_steps, config.checkpoint_every = 4, 2, 4
         config.mesh.num_devices = 1
         train.train_and_evaluate(config, str(tmp_path / name))
-        finals.append(_params(tmp_path / name, 20))
+        finals.append(_params(tmp_path / name, 4))
     for k, v in finals[1].items():
         np.testing.assert_array_equal(finals[0][k], v, err_msg=k)
 

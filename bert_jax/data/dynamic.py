@@ -35,7 +35,18 @@ from bert_jax import storage
 from bert_jax.data import document_shards, formats, packing, pretraining, stream, tokenization
 
 # Instances shuffled together after drawing: a book-length document gives hundreds of instances in a row.
+# At most about one epoch's instances per process: a longer window would mix a document's draws of two epochs
+# (and make a small corpus draw many epochs before its first batch).
 DEFAULT_SHUFFLE_WINDOW = 16384
+
+
+def default_shuffle_window(metadata: dict, options: pretraining.InstanceOptions, process_count: int) -> int:
+    """min(DEFAULT_SHUFFLE_WINDOW, about one epoch's instances on one process): the documents' tokens
+    (`metadata["num_tokens"]`) over the max_seq_length - 3 tokens an instance holds, over process_count."""
+    tokens = int(metadata.get("num_tokens", 0))
+    if tokens <= 0:
+        return DEFAULT_SHUFFLE_WINDOW
+    return max(1, min(DEFAULT_SHUFFLE_WINDOW, tokens // ((options.max_seq_length - 3) * process_count)))
 
 
 class _DrawInstances(grain.transforms.Map):
@@ -147,7 +158,7 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
                     worker_count: int = 0, order: stream.Stream = stream.Stream()) -> grain.IterDataset:
     """This process's stream of encoded instances drawn from the tokenized documents at `path`
     (module docstring); decode each with `pretraining.decode_instance(record, L, P)`. shuffle_window:
-    instances shuffled together (default DEFAULT_SHUFFLE_WINDOW). worker_count: grain worker processes
+    instances shuffled together (default `default_shuffle_window`). worker_count: grain worker processes
     drawing (`IterDataset.mp_prefetch`; 0: this process): each draws a slice of the documents and they
     are read round-robin, so the stream is the same for every worker_count. order: the global indices of
     (epoch, document) pairs to read (`stream.Stream`; default all, from the first).
@@ -170,5 +181,5 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
     records = grain.experimental.FlatMapIterDataset(drawn, _Flatten())
     if shuffle:
         records = grain.experimental.WindowShuffleIterDataset(
-            records, window_size=shuffle_window or DEFAULT_SHUFFLE_WINDOW, seed=int(np.random.SeedSequence([seed, 2]).generate_state(1)[0]))
+            records, window_size=shuffle_window or default_shuffle_window(metadata, options, process_count), seed=int(np.random.SeedSequence([seed, 2]).generate_state(1)[0]))
     return records
