@@ -288,11 +288,11 @@ def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path
     from bert_jax import heads
 
     squad = data_dir / "squad" / "dev-v1.1.json"
+    from test_docs import _TRAIN_SMALL  # docs/pretraining.md's first run at its tested size: one program
+
     _run(["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", "pre",
           f"--config.phases[0].data_dir={documents}", f"--config.phases[1].data_dir={documents}",
-          "--config.total_steps=10", "--config.warmup_steps=2", "--config.checkpoint_every=10",
-          "--config.mesh.num_devices=1",
-          "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8"], tmp_path)
+          "--config.phases[0].packing=True", "--config.phases[1].packing=True", *_TRAIN_SMALL.split()], tmp_path)
     _run(["-m", "bert_jax.tasks.squad", "--config", "squad:tiny", "--config.init_checkpoint=pre", "--workdir", "sq",
           f"--config.train_file={squad}", f"--config.predict_file={squad}", "--config.max_train_examples=16",
           "--config.max_predict_examples=8", "--config.max_seq_length=64", "--config.doc_stride=32",

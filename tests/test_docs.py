@@ -247,7 +247,7 @@ def tiny_hf_bert(out: pathlib.Path, vocab_file: pathlib.Path) -> pathlib.Path:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
                                      intermediate_size=256)
     transformers.BertModel(config).save_pretrained(out)
     shutil.copyfile(vocab_file, out / "vocab.txt")
