@@ -5,10 +5,10 @@ How a page runs: its runnable blocks, in order, as one bash script in a fresh te
 the repository, with the README's placeholders set (`$DATA`: a folder of the shared data under the official
 file names, small copies of the GLUE sets; `$CORPUS`: a glob of two documents of 800 Gutenberg sentences
 each; `$HF_BERT`: a small random Hugging Face BERT with Google's vocabulary), `python` the interpreter
-running the tests and this checkout first on PYTHONPATH. Each
-command is first made small by the rule of `SMALL` its program matches (flags appended or substituted:
-fewer steps, examples and shards; `gs://` buckets made local; the pod launcher's `--dry_run`); a command
-that matches no rule fails the suite, so a new documented command needs a rule or a marker.
+running the tests and this checkout first on PYTHONPATH. Each command is first made small by the rule of
+`SMALL` its program matches (flags appended or substituted: fewer steps, examples and shards; `gs://`
+buckets made local; the pod launcher's `--dry_run`); a command that matches no rule fails the suite, so a
+new documented command needs a rule or a marker.
 """
 
 from __future__ import annotations
