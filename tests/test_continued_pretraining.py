@@ -285,11 +285,11 @@ def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path
     alone (no vocabulary or model flag), export the SQuAD run with `python -m bert_jax.convert to_hf` and
     the pre-training run with the same conversion in this process; the exports load in transformers
     (model and tokenizer) and give bert_jax's outputs within 1e-5."""
-    from bert_jax import heads
-
-    squad = data_dir / "squad" / "dev-v1.1.json"
     from test_docs import _TRAIN_SMALL  # docs/pretraining.md's first run at its tested size: one program
 
+    from bert_jax import convert_cli, heads
+
+    squad = data_dir / "squad" / "dev-v1.1.json"
     _run(["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", "pre",
           f"--config.phases[0].data_dir={documents}", f"--config.phases[1].data_dir={documents}",
           "--config.phases[0].packing=True", "--config.phases[1].packing=True", *_TRAIN_SMALL.split()], tmp_path)
@@ -299,8 +299,6 @@ def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path
           "--config.max_query_length=16", "--config.train_batch_size=8", "--config.num_train_epochs=1",
           "--config.mesh.num_devices=1"], tmp_path)
     _run(["-m", "bert_jax.convert", "to_hf", "--checkpoint", "sq", "--output_dir", "hf_sq"], tmp_path)
-    from bert_jax import convert_cli
-
     assert convert_cli.to_hf(str(tmp_path / "pre"), str(tmp_path / "hf_pre")) == "BertForPreTraining"
     ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf_sq")(
         "who wrote the book?", "the book was written by a writer in london.", return_tensors="np")
