@@ -19,23 +19,41 @@ def _demo(*args, timeout=600):
                           text=True, timeout=timeout, env=env)
 
 
+def _small_task_folders(data_dir, out):
+    """A SQuAD folder (the first 3 training articles, the first dev article) and a GLUE folder (SST-2's
+    first 2000 training and 200 dev sentences) in `out`, in the layouts the demo reads: the corpus it
+    builds from their training text stays small."""
+    (out / "squad").mkdir(parents=True)
+    for name, source, articles in (("train-v1.1.json", "train-v1.1-subset-44articles.json", 3),
+                                   ("dev-v1.1.json", "dev-v1.1.json", 1)):
+        squad = json.loads((data_dir / "squad" / source).read_text(encoding="utf-8"))
+        (out / "squad" / name).write_text(json.dumps(dict(squad, data=squad["data"][:articles])), encoding="utf-8")
+    (out / "glue" / "SST-2").mkdir(parents=True)
+    for name, lines in (("train.tsv", 2001), ("dev.tsv", 201)):  # the header and the first sentences
+        head = (data_dir / "glue" / "SST-2" / name).read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
+        (out / "glue" / "SST-2" / name).write_text("".join(head), encoding="utf-8")
+    return out / "squad", out / "glue"
+
+
 @pytest.mark.slow
 def test_demo_whole_pipeline(tmp_path, data_dir):
     """Corpus (pydoc + the tasks' training text) -> vocabulary -> tokenized documents -> two-phase packed
     pre-training on 8 devices -> SST-2 and SQuAD, each from the final checkpoint and from random init
-    in fresh processes -> summary with both scores per stage, TensorBoard files and PNGs (shortened)."""
+    in fresh processes -> summary with both scores per stage, TensorBoard files and PNGs (shortened: 20
+    steps, small copies of the task files)."""
     workdir = tmp_path / "demo"
-    result = _demo("--workdir", str(workdir), "--total_steps", "40",
-                   "--squad_dir", str(data_dir / "squad"), "--glue_dir", str(data_dir / "glue"),
-                   "--sst2_train_examples", "256", "--squad_train_examples", "96", "--squad_eval_examples", "32")
+    squad_dir, glue_dir = _small_task_folders(data_dir, tmp_path / "data")
+    result = _demo("--workdir", str(workdir), "--total_steps", "20", "--squad_dir", str(squad_dir),
+                   "--glue_dir", str(glue_dir), "--sst2_train_examples", "64", "--squad_train_examples", "64",
+                   "--squad_eval_examples", "16")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "=== bert_jax demo summary ===" in result.stdout
     summary = json.loads((workdir / "summary.json").read_text())
     assert [p["max_seq_length"] for p in summary["phases"]] == [128, 256]
     for p in summary["phases"]:
         assert p["mlm_accuracy"] > 50 * summary["chance_mlm_accuracy"], p  # far above chance
-    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", "40"))
-    assert "checkpoints/36" in " ".join(summary["checkpoints"])  # written at the phase switch
+    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", "20"))
+    assert "checkpoints/18" in " ".join(summary["checkpoints"])  # written at the phase switch
     assert list((workdir / "pretrain" / "tensorboard").glob("events.out.tfevents.*"))
     assert (workdir / "pretrain" / "training_curves.png").stat().st_size > 10_000
     corpus = (workdir / "corpus.txt").read_text()
@@ -47,9 +65,9 @@ def test_demo_whole_pipeline(tmp_path, data_dir):
             assert 0 <= stage[init] <= 100
             assert (workdir / "finetune" / f"{probe}-{init}" / metric_file).is_file()
     sst2 = summary["finetune"]["sst2_2k"]
-    assert re.search(rf"SST-2 \(256 training sentences, dev accuracy\): pre-trained {sst2['pretrained']:.1f}, random init {sst2['random']:.1f} "
+    assert re.search(rf"SST-2 \(64 training sentences, dev accuracy\): pre-trained {sst2['pretrained']:.1f}, random init {sst2['random']:.1f} "
                      r"\(same recipe\): [+-][\d.]+ from pre-training", result.stdout)
-    assert re.search(r"SQuAD v1.1 \(32 dev questions, F1\): pre-trained [\d.]+, random init [\d.]+", result.stdout)
+    assert re.search(r"SQuAD v1.1 \(16 dev questions, F1\): pre-trained [\d.]+, random init [\d.]+", result.stdout)
 
 
 def test_demo_fails_clearly_on_bad_input(tmp_path):

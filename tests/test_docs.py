@@ -3,11 +3,12 @@ at small sizes or marked `<!-- not run: REASON -->` on the line before it (a pod
 
 How a page runs: its runnable blocks, in order, as one bash script in a fresh temporary directory outside
 the repository, with the README's placeholders set (`$DATA`: a folder of the shared data under the official
-file names, small copies of the GLUE sets; `$CORPUS`: a glob of a small slice of Gutenberg; `$HF_BERT`: a
-small random Hugging Face BERT with Google's vocabulary), `python` the interpreter running the tests and this checkout first on PYTHONPATH. Each
-command is first made small by the rule of `SMALL` its program matches (flags appended or substituted:
-fewer steps, examples and shards; `gs://` buckets made local; the pod launcher's `--dry_run`); a command
-that matches no rule fails the suite, so a new documented command needs a rule or a marker.
+file names, small copies of the GLUE sets; `$CORPUS`: a glob of two documents of 800 Gutenberg sentences
+each; `$HF_BERT`: a small random Hugging Face BERT with Google's vocabulary), `python` the interpreter
+running the tests and this checkout first on PYTHONPATH. Each command is first made small by the rule of
+`SMALL` its program matches (flags appended or substituted: fewer steps, examples and shards; `gs://`
+buckets made local; the pod launcher's `--dry_run`); a command that matches no rule fails the suite, so a
+new documented command needs a rule or a marker.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ SMALL = (
     Rule(r"python -m bert_jax\.tasks\.glue\b", append="--config.max_train_examples=32 --config.num_train_epochs=1 "
                                                      "--config.train_batch_size=16 --config.max_seq_length=64"),
     Rule(r"python -m bert_jax\.tasks\.squad\b",
-         append="--config.max_train_examples=16 --config.max_predict_examples=8 --config.max_seq_length=128 "
-                "--config.doc_stride=64 --config.num_train_epochs=1 --config.train_batch_size=8"),
+         append="--config.max_train_examples=16 --config.max_predict_examples=8 --config.max_seq_length=64 "
+                "--config.doc_stride=32 --config.max_query_length=16 --config.num_train_epochs=1 "
+                "--config.train_batch_size=8"),
     Rule(r"launch/tpu_vm_pod\.sh --help$", substitute=((r"^launch/", f"{ROOT}/launch/"),)),
     Rule(r"launch/tpu_vm_pod\.sh\b", substitute=((r"^launch/", f"{ROOT}/launch/"), (r" -- ", " --dry_run -- "))),
     # small already
@@ -268,7 +270,7 @@ def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     corpus = root / "corpus"
     corpus.mkdir()
     text = (data_dir / "corpus" / "gutenberg-sentences.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    (corpus / "books.txt").write_text("".join(text[:3000]) + "\n" + "".join(text[-3000:]), encoding="utf-8")
+    (corpus / "books.txt").write_text("".join(text[:800]) + "\n" + "".join(text[-800:]), encoding="utf-8")
     bin_dir = root / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link would leave the venv
