@@ -586,6 +586,7 @@ def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     """k micro-batches give the update of the whole batch (no dropout), though they hold different
     numbers of masked positions; with either kernel set."""
     config = _config(instances, warmup_steps=0)  # a non-zero learning rate at step 0
+    config.phases[0].batch_size = 32  # micro-batches of 8 rows: their prediction counts differ
     config.model.kernels = kernel_set
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
