@@ -18,12 +18,14 @@ from bert_jax.configs import pretrain
 
 @pytest.fixture(scope="module")
 def two_phase_run(instances, tmp_path_factory):
-    """A 6-step, two-phase run of the tiny config with grad_accum_steps=2 on 8 devices, the Program
-    `train` built for it captured."""
+    """A 4-step, two-phase run of the tiny config with grad_accum_steps=2 on 8 devices (batches of 16: one
+    row per device in each micro-batch), the Program `train` built for it captured."""
     config = pretrain.get_config("tiny")
     config.model.vocab_size = 30528
     config.phases[0].data_dir, config.phases[1].data_dir = str(instances / "p1"), str(instances / "p2")
-    config.total_steps, config.warmup_steps, config.grad_accum_steps = 6, 2, 2
+    config.phases[0].batch_size = config.phases[1].batch_size = 16
+    config.phases[0].fraction = config.phases[1].fraction = 0.5
+    config.total_steps, config.warmup_steps, config.grad_accum_steps = 4, 2, 2
     config.log_every, config.checkpoint_every = 2, 100
     built = []
     original = train.build
@@ -32,14 +34,14 @@ def two_phase_run(instances, tmp_path_factory):
         metrics = train.train_and_evaluate(config, str(tmp_path_factory.mktemp("two_phase")))
     finally:
         train.build = original
-    assert metrics["step"] == 6 and metrics["phase"] == 1 and len(built) == 1
+    assert metrics["step"] == 4 and metrics["phase"] == 1 and len(built) == 1
     return config, built[0]
 
 
 @pytest.mark.slow
 def test_train_step_compiles_once_per_phase(two_phase_run):
     _, program = two_phase_run
-    assert program.train_step._cache_size() == 2  # phase 1 (length 64) and phase 2 (length 128), 3 steps each
+    assert program.train_step._cache_size() == 2  # phase 1 (length 64) and phase 2 (length 128), 2 steps each
 
 
 def test_aot_lowers_the_program_train_runs(two_phase_run):
@@ -95,24 +97,25 @@ def test_optimizer_from_pretraining_and_fine_tuning_configs():
 
 
 def _classifier_on_one_device(bert: modeling.BertConfig, num_labels: int, task: str):
-    """(model, mesh, tx, schedule, init, state shardings) of a GLUE classifier over `bert` on one device,
-    the GLUE task's optimizer over 10 steps."""
+    """(model, mesh, tx, schedule, initial state on the host, state shardings) of a GLUE classifier over
+    `bert` on one device, the GLUE task's optimizer over 10 steps. The state is built once (one init
+    program); `jax.device_put(initial, shardings)` gives each run its own copy (steps donate theirs)."""
     model = heads.BertForSequenceClassification(bert, num_labels=num_labels)
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     tx, schedule = engine.create_optimizer(glue_config.get_config(task), 10)
     ids = jnp.zeros((1, 7), jnp.int32)
     init = engine.state_init(model, tx, 0, ids, ids, ids)
     _, shardings = engine.state_shardings(init, mesh)
-    return model, mesh, tx, schedule, init, shardings
+    return model, mesh, tx, schedule, jax.device_get(engine.create_state(init, mesh, shardings)), shardings
 
 
 @pytest.mark.slow
 def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
     """The fine-tuning loss through engine.train_step: 2 micro-batches (the whole batch's row count as
     denominator) give the one-batch update (no dropout)."""
-    bert = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    bert = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model, mesh, tx, schedule, init, shardings = _classifier_on_one_device(bert, 3, "mrpc")
+    model, mesh, tx, schedule, initial, shardings = _classifier_on_one_device(bert, 3, "mrpc")
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, 99, (12, 7), dtype=np.int32), "token_type_ids": np.zeros((12, 7), np.int32),
              "attention_mask": np.ones((12, 7), np.int32), "labels": rng.integers(0, 3, (12,), dtype=np.int32)}
@@ -123,7 +126,7 @@ def test_generic_step_accumulates_a_task_loss_to_the_whole_batch():
             lambda *a: finetune.task_loss(*a, model=model, loss_fn=loss_fn), tx, schedule, mesh, shardings,
             grad_accum_steps=k,
             denominators=lambda b: jnp.asarray(b["labels"].shape[0], jnp.float32))
-        state = engine.create_state(init, mesh, shardings)
+        state = jax.device_put(initial, shardings)
         with jax.set_mesh(mesh):
             state, metrics = step(state, engine.global_batch(batch, mesh))
         results.append((jax.device_get(state.params), jax.device_get(metrics)))
@@ -142,9 +145,9 @@ def test_shared_update_step_equals_the_one_program_step():
     step's steps: same parameters, optimizer state and metrics after steps at two lengths with dropout,
     called directly and through lower().compile(); one update program serves both lengths; the gradient
     program is the same for another learning rate."""
-    bert = modeling.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    bert = modeling.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=37)
-    model, mesh, tx, schedule, init, shardings = _classifier_on_one_device(bert, 2, "sst2")
+    model, mesh, tx, schedule, initial, shardings = _classifier_on_one_device(bert, 2, "sst2")
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(1, 99, (8, n), dtype=np.int32), "token_type_ids": np.zeros((8, n), np.int32),
                 "attention_mask": np.ones((8, n), np.int32), "labels": rng.integers(0, 2, (8,), dtype=np.int32)}
@@ -155,7 +158,7 @@ def test_shared_update_step_equals_the_one_program_step():
     for shared, ahead in ((False, False), (True, False), (True, True)):
         step = engine.jit_train_step(task, tx, schedule, mesh, shardings, shared_update=shared)
         assert isinstance(step, engine.SharedUpdateStep) == shared
-        state, history = engine.create_state(init, mesh, shardings), []
+        state, history = jax.device_put(initial, shardings), []
         with jax.set_mesh(mesh):
             batches_in = [engine.global_batch(b, mesh) for b in batches]
             programs = {b["input_ids"].shape: step.lower(state, b).compile() for b in batches_in} if ahead else {}
