@@ -45,17 +45,14 @@ from bert_jax import console, storage
 
 
 # Replica-parallel saving (Orbax's default off GPU) splits each replicated array among its replicas, one
-# slice program per array shape and replica; below this many bytes per slice a replica writes the whole
-# array instead (the write costs less than the slice program: ~50 ms to compile on a CPU).
+# slice program per array shape and replica; below this many bytes per slice one replica writes the whole
+# array instead (writing a small array costs less than compiling its slice programs).
 MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 
 def _use_replica_parallel_for_large_arrays() -> None:
     """Registers Orbax's jax.Array handler with `MIN_REPLICA_SLICE_BYTES` (process-wide, as Orbax's
-    handler registry is; idempotent)."""
-    handler = ocp.type_handlers.get_type_handler(jax.Array)
-    if getattr(handler, "_min_slice_bytes_for_replica_parallel", None) == MIN_REPLICA_SLICE_BYTES:
-        return
+    handler registry is)."""
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # Orbax warns that its default handler is replaced: it is, on purpose
