@@ -16,16 +16,16 @@ from bert_jax import storage
 
 
 def _summary_writer_class():
-    """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch when it is installed
-    (1-2 s) only to accept torch tensors, and a Writer passes floats."""
-    if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects without torch
+    """tensorboardX's SummaryWriter, imported without torch unless torch is loaded already: tensorboardX
+    imports torch when it is installed only to accept torch tensors, and a Writer passes floats."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects without torch
     try:
         from tensorboardX import SummaryWriter
     finally:
-        del sys.modules["torch"]
+        if hide:
+            del sys.modules["torch"]
     return SummaryWriter
 
 
