@@ -12,6 +12,8 @@ One JAX compilation cache serves the session and the commands it runs: identical
 """
 
 import atexit
+import contextlib
+import functools
 import os
 import pathlib
 import shutil
@@ -110,14 +112,12 @@ def minilm_dir() -> pathlib.Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def instances(data_dir, tmp_path_factory):
-    """Real pre-training instances from the original's sample text, for the training tests:
-    `p1` (length 64, 10 predictions) and `p2` (128, 20), dupe_factor 5, 2 shards each."""
+def _sample_instances(data_dir, vocab_file, out):
+    """`p1` (length 64, 10 predictions) and `p2` (128, 20) in `out`: the original's sample text, dupe_factor 5,
+    2 shards each, tokenized with `vocab_file`."""
     from bert_jax.data import corpus, pretraining, tokenization
 
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    out = tmp_path_factory.mktemp("instances")
+    tok = tokenization.Tokenizer(str(vocab_file))
     for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
         pretraining.create_pretraining_data(
             corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
@@ -127,18 +127,77 @@ def instances(data_dir, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def documents(data_dir, tmp_path_factory):
-    """The original's sample text as tokenized documents (`bert_jax.data.document_shards`, 2 shards), for
-    dynamic instances."""
+def _sample_documents(data_dir, vocab_file, out):
+    """The original's sample text as tokenized documents in `out` (2 shards), tokenized with `vocab_file`."""
     from bert_jax.data import corpus, document_shards, tokenization
 
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    out = tmp_path_factory.mktemp("documents") / "sample"
     document_shards.tokenize_documents(
         corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
-        tok, str(out), num_shards=2)
+        tokenization.Tokenizer(str(vocab_file)), str(out), num_shards=2)
     return out
+
+
+@pytest.fixture(scope="session")
+def instances(data_dir, tmp_path_factory):
+    """Real pre-training instances from the original's sample text under Google's vocabulary:
+    `p1` (length 64, 10 predictions) and `p2` (128, 20), dupe_factor 5, 2 shards each."""
+    return _sample_instances(data_dir, data_dir / "vocab" / "bert-base-uncased-vocab.txt",
+                             tmp_path_factory.mktemp("instances"))
+
+
+@pytest.fixture(scope="session")
+def documents(data_dir, tmp_path_factory):
+    """The original's sample text as tokenized documents (`bert_jax.data.document_shards`, 2 shards) under
+    Google's vocabulary, for dynamic instances."""
+    return _sample_documents(data_dir, data_dir / "vocab" / "bert-base-uncased-vocab.txt",
+                             tmp_path_factory.mktemp("documents") / "sample")
+
+
+# The training tests' vocabulary size: with Google's 30,522 tokens, the embedding table, the MLM output and their
+# Adam moments are ~90% of the tiny model's state and most of its step on a CPU.
+SMALL_VOCAB_SIZE = 1024
+
+
+@pytest.fixture(scope="session")
+def small_vocab(data_dir, tmp_path_factory) -> pathlib.Path:
+    """An uncased vocabulary of SMALL_VOCAB_SIZE tokens trained on the original's sample text
+    (`bert_jax.data.vocab.train_vocab`)."""
+    from bert_jax.data import vocab
+
+    path = tmp_path_factory.mktemp("small_vocab") / "vocab.txt"
+    vocab.train_vocab([str(data_dir / "corpus" / "bert_sample_text.txt")], SMALL_VOCAB_SIZE, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_instances(data_dir, small_vocab, tmp_path_factory):
+    """`instances` under `small_vocab`: the training tests' data (set config.model.vocab_size=SMALL_VOCAB_SIZE)."""
+    return _sample_instances(data_dir, small_vocab, tmp_path_factory.mktemp("small_instances"))
+
+
+@pytest.fixture(scope="session")
+def small_documents(data_dir, small_vocab, tmp_path_factory):
+    """`documents` under `small_vocab`."""
+    return _sample_documents(data_dir, small_vocab, tmp_path_factory.mktemp("small_documents") / "sample")
+
+
+@contextlib.contextmanager
+def optimized():
+    """Programs built through `jax.jit` inside (the library's steps and initialisers) compiled by XLA's CPU
+    backend at its default optimisation (-O2) instead of the suite's -O0 (above): for tests whose time goes to
+    running steps rather than compiling them."""
+    import jax
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "jit", functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 2}))
+        yield
+
+
+@pytest.fixture
+def optimized_programs():
+    """`optimized()` for one test."""
+    with optimized():
+        yield
 
 
 @pytest.fixture

@@ -20,11 +20,13 @@ from bert_jax import checkpointing, engine, heads, initialisation, modeling, sha
 from bert_jax.tasks import finetune
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
-from conftest import ROOT
+from conftest import ROOT, SMALL_VOCAB_SIZE
 
 
 def _config(instances, total_steps=6):
+    """The tiny config, 1 device, on `instances` (the small vocabulary's, `tests/conftest.py`)."""
     config = pretrain.get_config("tiny")
+    config.model.vocab_size = SMALL_VOCAB_SIZE
     config.phases = [pretrain.phase(64, 10, 1.0, str(instances / "p1"), 8)]
     config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = total_steps, 2, 2, 2
     config.mesh.num_devices = 1
@@ -85,10 +87,10 @@ def _error_lines(stderr):
 
 
 @pytest.fixture(scope="module")
-def run(instances, tmp_path_factory):
+def run(small_instances, tmp_path_factory):
     """The uninterrupted 6-step run: its workdir (checkpoints 2, 4, 6) and final params."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    config = _config(instances)
+    config = _config(small_instances)
     train.train_and_evaluate(config, str(workdir))
     assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
     return workdir, _params(workdir, config, 6)
@@ -101,11 +103,11 @@ def _copy(run, dst, steps=(2, 4)):
     return dst / "checkpoints"
 
 
-def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(instances, run, tmp_path, capsys,
+def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(small_instances, run, tmp_path, capsys,
                                                                               console_installed):
     _truncate(_copy(run, tmp_path) / "4")
     capsys.readouterr()
-    config = _config(instances)
+    config = _config(small_instances)
     train.train_and_evaluate(config, str(tmp_path))  # 4 is unreadable: from 2 to 6
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "unreadable" in line]
@@ -118,7 +120,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(i
 
 
 @pytest.mark.parametrize("damage", ["missing_array_file", "missing_item", "metadata"])
-def test_damaged_newest_checkpoint_falls_back(damage, instances, run, tmp_path, capsys):
+def test_damaged_newest_checkpoint_falls_back(damage, small_instances, run, tmp_path, capsys):
     step_dir = _copy(run, tmp_path) / "4"
     if damage == "missing_array_file":
         os.remove(_array_files(step_dir)[0])
@@ -127,7 +129,7 @@ def test_damaged_newest_checkpoint_falls_back(damage, instances, run, tmp_path, 
     else:
         (step_dir / "_CHECKPOINT_METADATA").write_text("{not json")
     ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
-    step, state, data = ckpt.restore_newest_readable(_abstract_state(_config(instances)))
+    step, state, data = ckpt.restore_newest_readable(_abstract_state(_config(small_instances)))
     assert step == 2 and int(state.step) == 2 and data["phase"] == 0
     assert ckpt.all_steps() == [2] and ckpt.latest_step() == 2  # Orbax no longer lists the step moved aside
     ckpt.close()
@@ -137,11 +139,11 @@ def test_damaged_newest_checkpoint_falls_back(damage, instances, run, tmp_path, 
 
 
 @pytest.mark.integration
-def test_no_readable_checkpoint_is_one_line_from_the_cli_and_stays_so(instances, run, tmp_path):
+def test_no_readable_checkpoint_is_one_line_from_the_cli_and_stays_so(small_instances, run, tmp_path):
     checkpoints = _copy(run, tmp_path)
     for step in (2, 4):
         _truncate(checkpoints / str(step))
-    cmd = [sys.executable, "-m", "bert_jax.train", "--config", str(_cli_config(instances, tmp_path)),
+    cmd = [sys.executable, "-m", "bert_jax.train", "--config", str(_cli_config(small_instances, tmp_path)),
            f"--workdir={tmp_path}"]
     result = subprocess.run(cmd, cwd=ROOT, env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr
@@ -154,24 +156,24 @@ def test_no_readable_checkpoint_is_one_line_from_the_cli_and_stays_so(instances,
     # A second attempt does not start over from scratch in a directory of unreadable checkpoints.
     ckpt = checkpointing.Checkpointer(str(checkpoints), async_save=False)
     with pytest.raises(checkpointing.NoReadableCheckpoint, match=r"steps \[2, 4\] are unreadable"):
-        ckpt.restore_newest_readable(_abstract_state(_config(instances)))
+        ckpt.restore_newest_readable(_abstract_state(_config(small_instances)))
     ckpt.close()
 
 
-def test_shape_mismatch_is_a_config_error_not_corruption(instances, run, tmp_path):
+def test_shape_mismatch_is_a_config_error_not_corruption(small_instances, run, tmp_path):
     _copy(run, tmp_path, steps=(2,))
-    config = _config(instances)
+    config = _config(small_instances)
     config.model.hidden_size, config.model.intermediate_size = 64, 256
     with pytest.raises(checkpointing.CheckpointMismatch, match="has shape"):
         train.train_and_evaluate(config, str(tmp_path))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # left in place
 
 
-def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run, tmp_path, capsys,
+def test_finetuning_restore_falls_back_to_the_previous_checkpoint(small_instances, run, tmp_path, capsys,
                                                                    console_installed):
     checkpoints = _copy(run, tmp_path)
     _truncate(checkpoints / "4", every=True)
-    expected = _params(run[0], _config(instances), 2)  # the uninterrupted run's own checkpoint 2
+    expected = _params(run[0], _config(small_instances), 2)  # the uninterrupted run's own checkpoint 2
     ft = glue_config.get_config("sst2")
     ft.init_checkpoint = str(tmp_path)
     init = initialisation.resolve(ft.init_checkpoint, ft.model)
@@ -195,18 +197,19 @@ def test_finetuning_restore_falls_back_to_the_previous_checkpoint(instances, run
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
-    """A real full disk: a 70 MB tmpfs holds one tiny checkpoint (about 47 MB: parameters and both Adam
-    moments over the 30522-token vocabulary) and not two, so the asynchronous save of step 4 runs out of
-    space while training goes on; the error surfaces when the save of step 6 waits for it. The tmpfs is
-    mounted in a private user and mount namespace (`unshare`: no privilege needed where unprivileged
-    user namespaces are allowed); what the run left is copied out before the namespace ends."""
+def test_disk_full_during_an_asynchronous_save(small_instances, run, tmp_path):
+    """A real full disk: a tmpfs of 1.5 times the size of one checkpoint (the uninterrupted run's step 2) holds
+    one and not two, so the asynchronous save of step 4 runs out of space while training goes on; the error
+    surfaces when the save of step 6 waits for it. The tmpfs is mounted in a private user and mount namespace
+    (`unshare`: no privilege needed where unprivileged user namespaces are allowed); what the run left is
+    copied out before the namespace ends."""
+    one = sum(f.stat().st_size for f in (run[0] / "checkpoints" / "2").rglob("*") if f.is_file())
     mount, kept = tmp_path / "small", tmp_path / "kept"
     mount.mkdir()
     kept.mkdir()
     checkpoints = mount / "run" / "checkpoints"
-    inner = (f"mount -t tmpfs -o size=70m tmpfs {mount} && cd {ROOT} && "
-             f"{sys.executable} -m bert_jax.train --config {_cli_config(instances, tmp_path)} --workdir {mount / 'run'}"
+    inner = (f"mount -t tmpfs -o size={3 * one // 2048}k tmpfs {mount} && cd {ROOT} && "
+             f"{sys.executable} -m bert_jax.train --config {_cli_config(small_instances, tmp_path)} --workdir {mount / 'run'}"
              f"; status=$?; cp -r {checkpoints} {kept}; exit $status")
     result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner], env=_cli_env(),
                             capture_output=True, text=True, timeout=300)
@@ -217,7 +220,7 @@ def test_disk_full_during_an_asynchronous_save(instances, run, tmp_path):
         f"train: saving checkpoint 4 to {checkpoints} failed: no space left on device (the earlier checkpoints are "
         "intact; its partial write was removed)"], result.stderr[-3000:]
     assert sorted(os.listdir(kept / "checkpoints")) == ["2"]  # no step or temporary directory of the failed save
-    _assert_equal(_params(kept, _config(instances), 2), _params(run[0], _config(instances), 2))
+    _assert_equal(_params(kept, _config(small_instances), 2), _params(run[0], _config(small_instances), 2))
 
 
 @contextlib.contextmanager

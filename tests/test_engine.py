@@ -14,15 +14,16 @@ from bert_jax import aot, engine, heads, losses, modeling, sharding, train
 from bert_jax.tasks import finetune
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
+from conftest import SMALL_VOCAB_SIZE
 
 
 @pytest.fixture(scope="module")
-def two_phase_run(instances, tmp_path_factory):
+def two_phase_run(small_instances, tmp_path_factory):
     """A 4-step, two-phase run of the tiny config with grad_accum_steps=2 on 8 devices (batches of 16: one
     row per device in each micro-batch), the Program `train` built for it captured."""
     config = pretrain.get_config("tiny")
-    config.model.vocab_size = 30528
-    config.phases[0].data_dir, config.phases[1].data_dir = str(instances / "p1"), str(instances / "p2")
+    config.model.vocab_size = SMALL_VOCAB_SIZE
+    config.phases[0].data_dir, config.phases[1].data_dir = str(small_instances / "p1"), str(small_instances / "p2")
     config.phases[0].batch_size = config.phases[1].batch_size = 16
     config.phases[0].fraction = config.phases[1].fraction = 0.5
     config.total_steps, config.warmup_steps, config.grad_accum_steps = 4, 2, 2

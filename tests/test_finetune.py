@@ -111,7 +111,7 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
 
 
 @pytest.mark.slow
-def test_hf_encoder_and_fresh_head(minilm_dir):
+def test_hf_encoder_and_fresh_head(minilm_dir, optimized_programs):
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(minilm_dir)
     init = initialisation.resolve(config.init_checkpoint, config.model)

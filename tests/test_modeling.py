@@ -264,7 +264,7 @@ def test_dropout_is_active_only_when_not_deterministic(kernel_set):
     assert not np.allclose(d1.sequence_output, det1.sequence_output)
 
 
-def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set):
+def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set, optimized_programs):
     config = modeling.BertConfig(kernels=kernel_set)  # BERT-Base
     params = weights.init_params(config, seed=0)["bert"]
     x = _inputs(batch=2, length=128, vocab=config.vocab_size)

@@ -1,4 +1,5 @@
-"""Multi-host on one machine: 2 processes x 2 CPU devices (gloo collectives) on one global mesh of 4.
+"""Multi-host on one machine: 2 processes x 2 CPU devices (gloo collectives) on one global mesh of 4, on the
+sample text under the small vocabulary (`tests/conftest.py`).
 
 The same training as one process with 4 devices, and checkpoints that move between the two set-ups.
 Every run has 6 steps (phase switch after step 5) and checkpoints at steps 2, 4, 5 and 6; a run "stopped at
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT
+from conftest import ROOT, SMALL_VOCAB_SIZE
 
 # every test runs commands in subprocesses; one at a time (two processes fill 2 cores). The group is the one
 # tests/conftest.py gives a module with a module-scoped fixture, so all the module's tests share it.
@@ -33,7 +34,7 @@ def _args(instances, workdir, extra=()):
             f"--config.phases[0].data_dir={instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             f"--config.total_steps={STEPS}", "--config.warmup_steps=2", "--config.checkpoint_every=2",
             "--config.keep_checkpoints=4", "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8",
-            *extra]
+            f"--config.model.vocab_size={SMALL_VOCAB_SIZE}", *extra]
 
 
 def _single(instances, workdir, extra=(), log=None):
@@ -82,6 +83,7 @@ def params_of():
     from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
+    config.model.vocab_size = SMALL_VOCAB_SIZE
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0),
                                                   sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
@@ -101,9 +103,9 @@ def _assert_close(a, b):
 
 
 @pytest.mark.slow
-def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, params_of, tmp_path):
-    one = _single(instances, tmp_path / "one")
-    two = _two_processes(instances, tmp_path / "two")
+def test_two_hosts_train_like_one_and_checkpoints_move_between_them(small_instances, params_of, tmp_path):
+    one = _single(small_instances, tmp_path / "one")
+    two = _two_processes(small_instances, tmp_path / "two")
     assert one["step"] == two["step"] == STEPS
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
     reference = params_of(tmp_path / "one", STEPS)
@@ -113,11 +115,11 @@ def test_two_hosts_train_like_one_and_checkpoints_move_between_them(instances, p
     # 1 process -> 2 processes: the single-process run's step-2 checkpoint resumed on two hosts (the resumed
     # run crosses the phase switch after step 5).
     _copy_checkpoint(tmp_path / "one", tmp_path / "handoff", 2)
-    assert _two_processes(instances, tmp_path / "handoff")["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    assert _two_processes(small_instances, tmp_path / "handoff")["loss"] == pytest.approx(one["loss"], rel=1e-5)
     _assert_close(params_of(tmp_path / "handoff", STEPS), reference)
     # 2 processes -> 1 process: the two-host step-4 checkpoint resumed in one process.
     _copy_checkpoint(tmp_path / "two", tmp_path / "back", 4)
-    assert _single(instances, tmp_path / "back")["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    assert _single(small_instances, tmp_path / "back")["loss"] == pytest.approx(one["loss"], rel=1e-5)
     _assert_close(params_of(tmp_path / "back", STEPS), reference)
 
 
@@ -125,23 +127,23 @@ PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
 
 
 @pytest.fixture(scope="module")
-def packed_two(instances, documents, tmp_path_factory):
+def packed_two(small_instances, small_documents, tmp_path_factory):
     """(workdir, extra flags) of an uninterrupted two-process run on packed dynamic input (phase 0: rows packed
     from instances drawn from tokenized documents; phase 1: packed static instances)."""
-    extra = (f"--config.phases[0].data_dir={documents}", *PACKED)
+    extra = (f"--config.phases[0].data_dir={small_documents}", *PACKED)
     workdir = tmp_path_factory.mktemp("packed") / "whole"
-    assert _two_processes(instances, workdir, extra)["step"] == STEPS
+    assert _two_processes(small_instances, workdir, extra)["step"] == STEPS
     return workdir, extra
 
 
 @pytest.mark.slow
-def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, packed_two, params_of, tmp_path):
+def test_two_hosts_resume_packed_data_each_from_its_own_state(small_instances, packed_two, params_of, tmp_path):
     """Packed rows from dynamic instances differ per process, and so does each process's grain state: a
     two-process run stopped at step 4 and resumed (step 5 draws from the restored states) ends with the
     parameters of the uninterrupted run, bit for bit."""
     whole, extra = packed_two
     _copy_checkpoint(whole, tmp_path / "resumed", 4)
-    _two_processes(instances, tmp_path / "resumed", extra)
+    _two_processes(small_instances, tmp_path / "resumed", extra)
     expected, resumed = params_of(whole, STEPS), params_of(tmp_path / "resumed", STEPS)
     assert expected.keys() == resumed.keys()
     for k in expected:
@@ -149,7 +151,7 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(instances, packed_
 
 
 @pytest.mark.slow
-def test_packed_dynamic_input_resumes_on_another_process_count(instances, packed_two, tmp_path):
+def test_packed_dynamic_input_resumes_on_another_process_count(small_instances, packed_two, tmp_path):
     """Packed rows of dynamic instances: the two-process run's step-2 checkpoint continues in one process, and
     that run's step-4 checkpoint (still phase 0) on two, each saying in one line that the input is re-split
     (the documents drawn across such a restart: tests/test_stream.py); each checkpoints the new order and
@@ -157,9 +159,9 @@ def test_packed_dynamic_input_resumes_on_another_process_count(instances, packed
     whole, extra = packed_two
     log = []
     _copy_checkpoint(whole, tmp_path / "one", 2)
-    final_one = _single(instances, tmp_path / "one", extra, log)
+    final_one = _single(small_instances, tmp_path / "one", extra, log)
     _copy_checkpoint(tmp_path / "one", tmp_path / "two", 4)
-    final_two = _two_processes(instances, tmp_path / "two", extra, log)
+    final_two = _two_processes(small_instances, tmp_path / "two", extra, log)
     for text, (old, new) in zip(log, ((2, 1), (1, 2)), strict=True):
         notices = [line for line in text.splitlines() if "re-split" in line]
         assert len(notices) == 1, text[-2000:]

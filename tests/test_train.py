@@ -20,16 +20,27 @@ from flax import traverse_util
 from bert_jax import checkpointing, engine, flops, optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
 from bert_jax.configs import pretrain
-from conftest import ROOT
+from conftest import ROOT, SMALL_VOCAB_SIZE, optimized
 
 
 STEPS = 20  # the in-process runs' steps
 
 
+@pytest.fixture
+def instances(small_instances):
+    """This module trains on the sample text under the small vocabulary (`tests/conftest.py`)."""
+    return small_instances
+
+
+@pytest.fixture
+def documents(small_documents):
+    return small_documents
+
+
 def _config(instances, **overrides):
     """The tiny config on the `instances` fixture, batches of 8 (one row per device on data=8), STEPS steps."""
     config = pretrain.get_config("tiny")
-    config.model.vocab_size = 30528  # 30522 padded to a multiple of 8, so tensor=8 can split it
+    config.model.vocab_size = SMALL_VOCAB_SIZE  # a multiple of 8, so tensor=8 can split it
     config.model.num_attention_heads = 8
     config.phases[0].data_dir = str(instances / "p1")
     config.phases[1].data_dir = str(instances / "p2")
@@ -57,15 +68,16 @@ def _run_steps(config, mesh, num_steps):
 
 
 @pytest.fixture(scope="module")
-def single_device_run(instances):
-    config = _config(instances)
+def single_device_run(small_instances):
+    config = _config(small_instances)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    return _run_steps(config, mesh, STEPS)
+    with optimized():
+        return _run_steps(config, mesh, STEPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)], ids=["data8", "2x2x2", "tensor8"])
-def test_meshes_match_a_single_device(shape, instances, single_device_run):
+def test_meshes_match_a_single_device(shape, instances, single_device_run, optimized_programs):
     assert jax.device_count() == 8
     _, _, reference = single_device_run
     state, shardings, losses = _run_steps(_config(instances), sharding.make_mesh(*shape), STEPS)
@@ -75,7 +87,8 @@ def test_meshes_match_a_single_device(shape, instances, single_device_run):
 
 
 @pytest.mark.slow
-def test_reference_kernels_train_the_same_on_a_mesh_as_on_one_device(instances, single_device_run):
+def test_reference_kernels_train_the_same_on_a_mesh_as_on_one_device(instances, single_device_run,
+                                                                     optimized_programs):
     """kernels=reference (flax's Dropout on JAX's partitionable threefry PRNG, optax clipping): 20 steps
     on a 2x2x2 mesh give the single-device losses, which train, and follow the xla_cpu run's curve
     (different dropout masks: close, not equal)."""
@@ -161,8 +174,8 @@ def test_config_errors_before_compiling(instances, tmp_path):
     bad.phases[1].max_predictions_per_seq = 30
     assert "config.phases[1] wants length 128 / 30 predictions but" in error(bad) and "holds 128 / 20" in error(bad)
     bad = _config(instances)
-    bad.model.vocab_size = 1000  # the instances hold ids of the 30522-token vocabulary
-    assert "vocabulary of 30522 tokens exceeds config.model.vocab_size=1000" in error(bad)
+    bad.model.vocab_size = 1000  # the instances hold ids of the SMALL_VOCAB_SIZE-token vocabulary
+    assert f"vocabulary of {SMALL_VOCAB_SIZE} tokens exceeds config.model.vocab_size=1000" in error(bad)
     bad = _config(instances, grad_accum_steps=3)
     assert "does not split into grad_accum_steps=3 micro-batches" in error(bad)
     bad = _config(instances, grad_accum_steps=0)
@@ -194,7 +207,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
     with pytest.raises(ValueError, match="needs 16 devices, but 8 are available"):
         sharding.make_mesh(4, 4, 1)
     config = _config(instances)
-    config.model.vocab_size = 30522
+    config.model.vocab_size = SMALL_VOCAB_SIZE + 1
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), sharding.make_mesh(1, 1, 8))
     with pytest.raises(ValueError, match=r"word_embeddings.*cannot be split 8 ways"):
@@ -285,7 +298,8 @@ def _cmd(instances, workdir, total_steps=16, extra=(), phase1_data=None):
             f"--config.phases[0].data_dir={phase1_data or instances / 'p1'}", f"--config.phases[1].data_dir={instances / 'p2'}",
             f"--config.total_steps={total_steps}", "--config.warmup_steps=4", "--config.phases[0].fraction=0.5",
             "--config.phases[1].fraction=0.5", "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=8",
-            "--config.checkpoint_every=3", "--config.log_every=4", "--config.keep_checkpoints=50", *extra]
+            "--config.checkpoint_every=3", "--config.log_every=4", "--config.keep_checkpoints=50",
+            f"--config.model.vocab_size={SMALL_VOCAB_SIZE}", *extra]
 
 
 def _env():
@@ -307,9 +321,9 @@ def _final_params(workdir, step):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(instances, tmp_path_factory):
+def uninterrupted(small_instances, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    result = subprocess.run(_cmd(instances, workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
+    result = subprocess.run(_cmd(small_instances, workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
@@ -322,9 +336,9 @@ PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_packed(instances, documents, tmp_path_factory):
+def uninterrupted_packed(small_instances, small_documents, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted_packed")
-    result = subprocess.run(_cmd(instances, workdir, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
+    result = subprocess.run(_cmd(small_instances, workdir, extra=PACKED, phase1_data=small_documents), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return _final_params(workdir, 16)
@@ -430,6 +444,7 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
     # The uninterrupted run used 4 devices on `data`; restore its final state onto 8 devices as 2x2x2.
     workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if re.fullmatch(r"uninterrupted\d+", p.name))
     config = pretrain.get_config("tiny")  # what the subprocess ran
+    config.model.vocab_size = SMALL_VOCAB_SIZE
     model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
     mesh = sharding.make_mesh(2, 2, 2)
     abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
@@ -463,7 +478,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tm
 
 
 @pytest.mark.slow
-def test_learns_on_real_gutenberg_data(data_dir, tmp_path):
+def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, held-out MLM loss falls,
     and the next-sentence head learns at least the label prior on held-out books.
 
