@@ -10,6 +10,7 @@ from flax import traverse_util
 
 from bert_jax import heads, layers, modeling, sharding, weights
 from bert_jax.configs import pretrain
+from conftest import optimized
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
 TINY = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -264,9 +265,16 @@ def test_dropout_is_active_only_when_not_deterministic(kernel_set):
     assert not np.allclose(d1.sequence_output, det1.sequence_output)
 
 
-def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set, optimized_programs):
+@pytest.fixture(scope="module")
+def base_params():
+    """BERT-Base's encoder parameters (`weights.init_params`, seed 0), initialised once for the module."""
+    with optimized():  # 110M random values: running the initialiser dominates
+        return weights.init_params(modeling.BertConfig(), seed=0)["bert"]
+
+
+def test_bfloat16_compute_on_base_is_close_to_float32(kernel_set, base_params):
     config = modeling.BertConfig(kernels=kernel_set)  # BERT-Base
-    params = weights.init_params(config, seed=0)["bert"]
+    params = base_params
     x = _inputs(batch=2, length=128, vocab=config.vocab_size)
     f32 = modeling.BertModel(config).apply({"params": params}, x["input_ids"], x["token_type_ids"],
                                             x["attention_mask"])
