@@ -111,7 +111,8 @@ def gutenberg_documents(data_dir, minilm_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_documents, minilm_dir, tmp_path, capfd):
+def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_documents, minilm_dir, tmp_path, capfd,
+                                                                optimized_programs):
     """The real MiniLM encoder (no heads): the loaded encoder is the file's, bit for bit; the step-0 losses
     of the fresh heads equal transformers' on the same weights (exported with to_hf); 20 steps on Gutenberg
     lower the MLM loss (from about 9.4 over the first 5 steps to about 6.6 over the last 5)."""
