@@ -3,7 +3,7 @@ at small sizes or marked `<!-- not run: REASON -->` on the line before it (a pod
 
 How a page runs: its runnable blocks, in order, as one bash script in a fresh temporary directory outside
 the repository, with the README's placeholders set (`$DATA`: a folder of the shared data under the official
-file names, small copies of the GLUE sets; `$CORPUS`: a glob of two documents of 800 Gutenberg sentences
+file names, small copies of the SQuAD and GLUE sets; `$CORPUS`: a glob of two documents of 800 Gutenberg sentences
 each; `$HF_BERT`: a small random Hugging Face BERT with Google's vocabulary), `python` the interpreter
 running the tests and this checkout first on PYTHONPATH. Each command is first made small by the rule of
 `SMALL` its program matches (flags appended or substituted: fewer steps, examples and shards; `gs://`
@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from test_demo import _small_task_folders, assert_whole_pipeline
 
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(\S.*?)\s*-->$")
@@ -53,9 +54,9 @@ SMALL = (
     Rule(r"python -m bert_jax\.train\b", append=_TRAIN_SMALL),
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
          append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000"),
-    # the demo's fine-tuning stages run in tests/test_demo.py: here the pipeline up to the pre-trained checkpoint
-    Rule(r"python -m bert_jax\.demo\b", substitute=((r' --squad_dir "\$DATA/squad" --glue_dir "\$DATA/glue"', ""),),
-         append="--total_steps=10 --vocab_size=1000"),
+    # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
+    Rule(r"python -m bert_jax\.demo\b", append="--total_steps=20 --sst2_train_examples=64 "
+                                                 "--squad_train_examples=64 --squad_eval_examples=16"),
     Rule(r"python -m bert_jax\.tasks\.glue\b", append="--config.max_train_examples=32 --config.num_train_epochs=1 "
                                                      "--config.train_batch_size=16 --config.max_seq_length=64"),
     Rule(r"python -m bert_jax\.tasks\.squad\b",
@@ -257,11 +258,9 @@ def tiny_hf_bert(out: pathlib.Path, vocab_file: pathlib.Path) -> pathlib.Path:
 def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     """The placeholders' values (files under `root`) and the environment of a documented command."""
     data = root / "data"
-    (data / "squad").mkdir(parents=True)
-    for name, source in (("train-v1.1.json", "train-v1.1-subset-44articles.json"), ("dev-v1.1.json", "dev-v1.1.json")):
-        (data / "squad" / name).symlink_to(data_dir / "squad" / source)
+    _small_task_folders(data_dir, data)  # SQuAD: 3 training articles and 1 dev article
     for task in ("SST-2", "MRPC"):
-        (data / "glue" / task).mkdir(parents=True)
+        (data / "glue" / task).mkdir(parents=True, exist_ok=True)
         for name in ("train.tsv", "dev.tsv"):  # the header and 200 (train) or 100 (dev) examples
             head = (data_dir / "glue" / task / name).read_text(encoding="utf-8").splitlines(keepends=True)
             (data / "glue" / task / name).write_text("".join(head[:201 if name == "train.tsv" else 101]),
@@ -319,6 +318,8 @@ def test_page_commands_run(page, doc_env, tmp_path):
         assert expected in result.stdout + result.stderr, f"{page}: {expected!r} not in the output:\n{result.stdout[-3000:]}"
     for path in FILES.get(page, ()):
         assert (workdir / path).is_file(), f"{page}: {path} not written"
+    if page == "README.md":  # quick path 1: the demo's whole pipeline
+        assert_whole_pipeline(workdir / "demo_run", result.stdout)
 
 
 @pytest.mark.slow
