@@ -20,7 +20,7 @@ def _demo(*args, timeout=600):
                           text=True, timeout=timeout, env=env)
 
 
-def _small_task_folders(data_dir, out):
+def small_task_folders(data_dir, out):
     """A SQuAD folder (the first 3 training articles, the first dev article) and a GLUE folder (SST-2's
     first 2000 training and 200 dev sentences) in `out`, in the layouts the demo reads: the corpus it
     builds from their training text stays small."""
@@ -36,10 +36,14 @@ def _small_task_folders(data_dir, out):
     return out / "squad", out / "glue"
 
 
-def assert_whole_pipeline(workdir, stdout, total_steps=20):
-    """The demo's whole pipeline ran in `workdir` (its stdout `stdout`), with `total_steps` steps and the
+# The demo's steps where it runs whole (tests/test_docs.py: the README's first quick path).
+DEMO_TOTAL_STEPS = 20
+
+
+def assert_whole_pipeline(workdir, stdout):
+    """The demo's whole pipeline ran in `workdir` (its stdout `stdout`), with DEMO_TOTAL_STEPS steps and the
     fine-tuning stages at 64 training examples (SQuAD: 16 dev questions), from small task folders
-    (`_small_task_folders`): corpus (pydoc + the tasks' training text) -> vocabulary -> tokenized documents ->
+    (`small_task_folders`): corpus (pydoc + the tasks' training text) -> vocabulary -> tokenized documents ->
     two-phase packed pre-training on 8 devices -> SST-2 and SQuAD, each from the final checkpoint and from
     random init in fresh processes -> summary with both scores per stage, TensorBoard files and PNGs.
     tests/test_docs.py runs it as the README's first quick path."""
@@ -48,8 +52,8 @@ def assert_whole_pipeline(workdir, stdout, total_steps=20):
     assert [p["max_seq_length"] for p in summary["phases"]] == [128, 256]
     for p in summary["phases"]:
         assert p["mlm_accuracy"] > 50 * summary["chance_mlm_accuracy"], p  # far above chance
-    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", str(total_steps)))
-    switch = round(0.9 * total_steps)
+    assert summary["checkpoints"][-1].endswith(os.path.join("checkpoints", str(DEMO_TOTAL_STEPS)))
+    switch = round(0.9 * DEMO_TOTAL_STEPS)
     assert f"checkpoints/{switch}" in " ".join(summary["checkpoints"])  # written at the phase switch
     assert list((workdir / "pretrain" / "tensorboard").glob("events.out.tfevents.*"))
     assert (workdir / "pretrain" / "training_curves.png").stat().st_size > 10_000

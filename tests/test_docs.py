@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from test_demo import _small_task_folders, assert_whole_pipeline
+from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(\S.*?)\s*-->$")
@@ -55,7 +55,7 @@ SMALL = (
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
          append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000"),
     # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
-    Rule(r"python -m bert_jax\.demo\b", append="--total_steps=20 --sst2_train_examples=64 "
+    Rule(r"python -m bert_jax\.demo\b", append=f"--total_steps={DEMO_TOTAL_STEPS} --sst2_train_examples=64 "
                                                  "--squad_train_examples=64 --squad_eval_examples=16"),
     Rule(r"python -m bert_jax\.tasks\.glue\b", append="--config.max_train_examples=32 --config.num_train_epochs=1 "
                                                      "--config.train_batch_size=16 --config.max_seq_length=64"),
@@ -258,13 +258,12 @@ def tiny_hf_bert(out: pathlib.Path, vocab_file: pathlib.Path) -> pathlib.Path:
 def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     """The placeholders' values (files under `root`) and the environment of a documented command."""
     data = root / "data"
-    _small_task_folders(data_dir, data)  # SQuAD: 3 training articles and 1 dev article
-    for task in ("SST-2", "MRPC"):
-        (data / "glue" / task).mkdir(parents=True, exist_ok=True)
-        for name in ("train.tsv", "dev.tsv"):  # the header and 200 (train) or 100 (dev) examples
-            head = (data_dir / "glue" / task / name).read_text(encoding="utf-8").splitlines(keepends=True)
-            (data / "glue" / task / name).write_text("".join(head[:201 if name == "train.tsv" else 101]),
-                                                     encoding="utf-8")
+    small_task_folders(data_dir, data)  # SQuAD: 3 training articles and 1 dev article; SST-2: 2000 and 200 sentences
+    (data / "glue" / "MRPC").mkdir()
+    for name in ("train.tsv", "dev.tsv"):  # MRPC: the header and 200 (train) or 100 (dev) examples
+        head = (data_dir / "glue" / "MRPC" / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (data / "glue" / "MRPC" / name).write_text("".join(head[:201 if name == "train.tsv" else 101]),
+                                                   encoding="utf-8")
     (data / "vocab.txt").symlink_to(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
     corpus = root / "corpus"
     corpus.mkdir()
