@@ -19,10 +19,17 @@ import pathlib
 import shutil
 import tempfile
 
-# Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes, and the CPU backend's LLVM
-# optimisation off (the tests' programs are small: they compile in about a third of the CPU time and run a little
-# slower; XLA's HLO passes, hence the numerics, are unchanged). Inherited by the commands the tests run.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for `devices` simulated CPU devices with the CPU backend's LLVM optimisation off: the tests'
+    programs are small, so they compile in about a third of the CPU time and run a little slower (XLA's HLO
+    passes, hence the numerics, are unchanged). For this process and the commands the tests run."""
+    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+
+
+# Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes. Inherited by the commands
+# the tests run, unless a test sets its own device count (with `xla_flags`).
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # libtpu (the [tpu] extra, for AOT compilation) is present in CI: keep JAX itself on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -20,6 +20,8 @@ from bert_jax import checkpointing, convert, engine, initialisation, train
 from bert_jax.configs import pretrain
 from bert_jax.data import corpus, document_shards, tokenization
 
+from conftest import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
              max_position_embeddings=128, type_vocab_size=2)
@@ -189,7 +191,7 @@ def _train_cmd(instances, workdir, source, steps=8):
 
 
 def _env():
-    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=ROOT)
+    return dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=ROOT)
 
 
 @pytest.mark.integration
@@ -272,54 +274,20 @@ def test_finetuning_vocabulary_comes_from_the_source_and_conflicts_are_errors(hf
         initialisation.vocabulary(cased, "", True)
 
 
-def _run(cmd, cwd, timeout=600):
-    result = subprocess.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def assert_pretraining_export_matches(workdir, hf_dir) -> None:
+    """`hf_dir`, `python -m bert_jax.convert to_hf` of the pre-training workdir `workdir`, loads in transformers
+    (BertForPreTraining and its tokenizer) and gives bert_jax's MLM and NSP logits within 1e-5. tests/test_docs.py
+    runs it on the README's export of the demo's pre-training (a run from outside the repository)."""
+    from bert_jax import convert_cli
 
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_the_user_path_from_outside_the_repository(documents, data_dir, tmp_path):
-    """From a directory outside the repository: pre-train a tiny model, fine-tune SQuAD from its workdir
-    alone (no vocabulary or model flag), export the SQuAD run with `python -m bert_jax.convert to_hf` and
-    the pre-training run with the same conversion in this process; the exports load in transformers
-    (model and tokenizer) and give bert_jax's outputs within 1e-5."""
-    from test_docs import _TRAIN_SMALL  # docs/pretraining.md's first run at its tested size: one program
-
-    from bert_jax import convert_cli, heads
-
-    squad = data_dir / "squad" / "dev-v1.1.json"
-    _run(["-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", "pre",
-          f"--config.phases[0].data_dir={documents}", f"--config.phases[1].data_dir={documents}",
-          "--config.phases[0].packing=True", "--config.phases[1].packing=True", *_TRAIN_SMALL.split()], tmp_path)
-    _run(["-m", "bert_jax.tasks.squad", "--config", "squad:tiny", "--config.init_checkpoint=pre", "--workdir", "sq",
-          f"--config.train_file={squad}", f"--config.predict_file={squad}", "--config.max_train_examples=16",
-          "--config.max_predict_examples=8", "--config.max_seq_length=64", "--config.doc_stride=32",
-          "--config.max_query_length=16", "--config.train_batch_size=8", "--config.num_train_epochs=1",
-          "--config.mesh.num_devices=1"], tmp_path)
-    _run(["-m", "bert_jax.convert", "to_hf", "--checkpoint", "sq", "--output_dir", "hf_sq"], tmp_path)
-    assert convert_cli.to_hf(str(tmp_path / "pre"), str(tmp_path / "hf_pre")) == "BertForPreTraining"
-    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf_sq")(
+    ids = transformers.AutoTokenizer.from_pretrained(hf_dir)(
         "who wrote the book?", "the book was written by a writer in london.", return_tensors="np")
     inputs = [np.asarray(ids[k], np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")]
-
-    init = initialisation.resolve(str(tmp_path / "sq"), pretrain.model_config("tiny"))
-    params = convert_cli._host_params(init)[0]
-    span = heads.BertForQuestionAnswering(init.config).apply({"params": params}, *inputs, deterministic=True)
-    start, end = span.start_logits, span.end_logits
-    qa = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "hf_sq").eval()
-    with torch.no_grad():
-        out = qa(**{k: torch.tensor(v, dtype=torch.long) for k, v in ids.items()})
-    np.testing.assert_allclose(out.start_logits.numpy(), np.asarray(start), atol=1e-5)
-    np.testing.assert_allclose(out.end_logits.numpy(), np.asarray(end), atol=1e-5)
-
-    init = initialisation.resolve(str(tmp_path / "pre"), pretrain.model_config("tiny"))
+    init = initialisation.resolve(str(workdir), pretrain.model_config("tiny"))
     params = convert_cli._host_params(init)[0]
     positions = np.array([[1, 2, 3]], np.int32)
     ours = train.create_model(_tiny_config(init)).apply({"params": params}, *inputs, positions, deterministic=True)
-    pre = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf_pre").eval()
+    pre = transformers.AutoModelForPreTraining.from_pretrained(hf_dir).eval()
     with torch.no_grad():
         theirs = pre(**{k: torch.tensor(v, dtype=torch.long) for k, v in ids.items()})
     np.testing.assert_allclose(theirs.prediction_logits.numpy()[:, 1:4], np.asarray(ours.mlm_logits), atol=1e-5)

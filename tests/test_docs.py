@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from test_continued_pretraining import assert_pretraining_export_matches
 from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
@@ -72,6 +73,10 @@ SMALL = (
     Rule(r"printf\b"),
 )
 
+# README.md's commands of these programs are docs pages' commands verbatim (checked), and no later README command
+# reads what they write: they run on the docs page only.
+RUN_ON_DOCS_PAGE = (r"python -m bert_jax\.aot\b", r"python -m bert_jax\.tasks\.glue\b")
+
 # Pages whose commands train or compile (tens of seconds each on a 2-core machine).
 SLOW_PAGES = {"README.md", "docs/pretraining-data.md", "docs/pretraining.md", "docs/finetuning.md",
               "docs/checkpoints.md", "docs/tpu-pods.md", "docs/kernels.md"}
@@ -79,20 +84,22 @@ SLOW_PAGES = {"README.md", "docs/pretraining-data.md", "docs/pretraining.md", "d
 # Lines of the output a page shows, and files its commands write.
 EXPECT = {
     "README.md": ("[1/6] corpus: pydoc", "[2/6] vocabulary:", "[3/6] tokenized documents:", "[4/6] pre-training BERT tiny",
-                  "=== bert_jax demo summary ===", "v3-32: 32 devices, mesh {'data': 32, 'fsdp': 1, 'tensor': 1}",
-                  "(fits)", "+ gcloud compute tpus tpu-vm create bert-base", "demo_hf: BertForPreTraining", "bert_ckpt: bert_jax checkpoint"),
+                  "=== bert_jax demo summary ===", "+ gcloud compute tpus tpu-vm create bert-base",
+                  "demo_hf: BertForPreTraining", "bert_ckpt: bert_jax checkpoint"),
     "docs/pretraining-data.md": ("documents, ", "tokens to data/docs", "instances in 2 shard(s) to data/p1"),
     "docs/checkpoints.md": ("converted: bert_jax checkpoint (not in the source: mlm_LayerNorm, mlm_output_bias, "
                             "mlm_transform, nsp)", "mrpc_hf: BertForSequenceClassification"),
     "docs/finetuning.md": ("wrote features of 2 examples to features.jsonl",),
-    "docs/tpu-pods.md": ("(fits)", "--accelerator_type TYPE", "+ gcloud compute tpus tpu-vm create bert-base"),
+    "docs/tpu-pods.md": ("v3-32: 32 devices, mesh {'data': 32, 'fsdp': 1, 'tensor': 1}, model dtype bfloat16, kernels tpu, "
+                         "grad_accum_steps 1", "v3-128: 128 devices, mesh {'data': 16, 'fsdp': 8, 'tensor': 1}",
+                         "roofline for the whole schedule (1000 steps)", "--accelerator_type TYPE",
+                         "+ gcloud compute tpus tpu-vm create bert-base"),
     "docs/kernels.md": ("kernels splash", "(fits)"),
     "docs/pretraining.md": ('"step": 6', "train: architecture from config.init_checkpoint=",
                             "initialised fresh: mlm_LayerNorm, mlm_output_bias, mlm_transform, nsp"),
 }
 FILES = {
-    "README.md": ("demo_run/summary.json", "runs/mrpc/metrics.json", "runs/squad/predictions.json",
-                  "demo_hf/model.safetensors"),
+    "README.md": ("demo_run/summary.json", "runs/squad/predictions.json", "demo_hf/model.safetensors"),
     "docs/pretraining.md": ("runs/tiny/bert_config.json", "runs/mesh/vocab.txt", "runs/continued/tokenizer_config.json"),
     "docs/finetuning.md": ("runs/mrpc/metrics.json", "runs/squad/nbest_predictions.json", "features.jsonl"),
 }
@@ -173,6 +180,11 @@ def _runnable(page: str) -> list[Block]:
     return [b for b in read_blocks(page) if b.language == "bash" and b.not_run is None]
 
 
+def run_here(page: str, command: str) -> bool:
+    """False for a README.md command that RUN_ON_DOCS_PAGE leaves to a docs page."""
+    return page != "README.md" or not any(re.match(program, command) for program in RUN_ON_DOCS_PAGE)
+
+
 # ----------------------------------------------------------------------------- structure (fast)
 
 
@@ -222,6 +234,9 @@ def test_every_command_is_run_or_marked():
                     unruled.append(f"{page}:{block.line}: {command}")
     assert not unruled, "commands with no small-size rule (add one to SMALL, or mark the block):\n" + "\n".join(unruled)
     assert marked >= 5
+    on_docs_pages = {c for page in PAGES[1:] for block in _runnable(page) for c in commands(block.text)}
+    elsewhere = [c for block in _runnable("README.md") for c in commands(block.text) if not run_here("README.md", c)]
+    assert elsewhere and all(c in on_docs_pages for c in elsewhere), elsewhere
 
 
 def test_small_rules():
@@ -293,7 +308,7 @@ def run_page(page: str, env: dict, workdir: pathlib.Path) -> subprocess.Complete
     if page in SETUP:
         lines.append(SETUP[page])
     for block in _runnable(page):
-        lines += [f"echo '+ {page}:{block.line}'"] + [small(c) for c in commands(block.text)]
+        lines += [f"echo '+ {page}:{block.line}'"] + [small(c) for c in commands(block.text) if run_here(page, c)]
     return subprocess.run(["bash", "-c", "\n".join(lines)], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=1800)
 
@@ -317,8 +332,21 @@ def test_page_commands_run(page, doc_env, tmp_path):
         assert expected in result.stdout + result.stderr, f"{page}: {expected!r} not in the output:\n{result.stdout[-3000:]}"
     for path in FILES.get(page, ()):
         assert (workdir / path).is_file(), f"{page}: {path} not written"
-    if page == "README.md":  # quick path 1: the demo's whole pipeline
+    if page == "README.md":  # quick path 1: the demo's whole pipeline; its pre-training exported for transformers
         assert_whole_pipeline(workdir / "demo_run", result.stdout)
+        assert_pretraining_export_matches(workdir / "demo_run" / "pretrain", workdir / "demo_hf")
+    if page == "docs/tpu-pods.md":
+        assert_aot_report(result.stdout, pods=2)
+
+
+def assert_aot_report(stdout: str, pods: int) -> None:
+    """`pods` reports of `python -m bert_jax.aot` for the two-phase pre-training recipes in `stdout`: every phase
+    fits, XLA counts HBM traffic, and its compiled FLOPs agree with the analytic count."""
+    lines = [line for line in stdout.splitlines() if line.strip().startswith("phase")]
+    assert len(lines) == 2 * pods and all("(fits)" in line for line in lines), stdout[-3000:]
+    for line in lines:
+        assert float(line.split("HBM bytes accessed ")[1].split(" GB")[0]) > 0, line
+        assert 0.9 <= float(line.split("(ratio ")[1].split(")")[0]) <= 1.25, line
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, SMALL_VOCAB_SIZE
+from conftest import ROOT, SMALL_VOCAB_SIZE, xla_flags
 
 # every test runs commands in subprocesses; one at a time (two processes fill 2 cores). The group is the one
 # tests/conftest.py gives a module with a module-scoped fixture, so all the module's tests share it.
@@ -39,7 +39,7 @@ def _args(instances, workdir, extra=()):
 
 def _single(instances, workdir, extra=(), log=None):
     """One process with DEVICES devices; returns its metrics line (parsed)."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(DEVICES), JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, *_args(instances, workdir, extra)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -53,7 +53,7 @@ def _two_processes(instances, workdir, extra=(), log=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // 2}", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(DEVICES // 2), JAX_PLATFORMS="cpu",
                JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
     procs = [subprocess.Popen([sys.executable, *_args(instances, workdir, extra),
                                f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],

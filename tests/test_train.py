@@ -20,7 +20,7 @@ from flax import traverse_util
 from bert_jax import checkpointing, engine, flops, optim, sharding, summaries, train
 from bert_jax.data import corpus, pretraining, tokenization
 from bert_jax.configs import pretrain
-from conftest import ROOT, SMALL_VOCAB_SIZE, optimized
+from conftest import ROOT, SMALL_VOCAB_SIZE, optimized, xla_flags
 
 
 STEPS = 20  # the in-process runs' steps
@@ -303,7 +303,7 @@ def _cmd(instances, workdir, total_steps=16, extra=(), phase1_data=None):
 
 
 def _env():
-    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=str(ROOT))
+    return dict(os.environ, XLA_FLAGS=xla_flags(4), PYTHONPATH=str(ROOT))
 
 
 def _steps(workdir):
