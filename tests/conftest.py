@@ -56,6 +56,7 @@ def _module_fixtures(module) -> set[str]:
     return names
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which turns xdist_group markers into scheduling groups
 def pytest_collection_modifyitems(config, items):
     shared = {}
     for item in items:
