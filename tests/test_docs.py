@@ -8,7 +8,8 @@ each; `$HF_BERT`: a small random Hugging Face BERT with Google's vocabulary), `p
 running the tests and this checkout first on PYTHONPATH. Each command is first made small by the rule of
 `SMALL` its program matches (flags appended or substituted: fewer steps, examples and shards; `gs://`
 buckets made local; the pod launcher's `--dry_run`); a command that matches no rule fails the suite, so a
-new documented command needs a rule or a marker.
+new documented command needs a rule or a marker. README.md's commands that a docs page holds verbatim
+(`RUN_ON_DOCS_PAGE`: the AOT check and GLUE) run on that page only.
 """
 
 from __future__ import annotations
