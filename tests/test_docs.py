@@ -105,6 +105,9 @@ FILES = {
     "docs/finetuning.md": ("runs/mrpc/metrics.json", "runs/squad/nbest_predictions.json", "features.jsonl"),
 }
 
+# Pages with `python -m bert_jax.aot` reports (how many), checked by `assert_aot_report`.
+AOT_REPORTS = {"docs/tpu-pods.md": 2, "docs/kernels.md": 1}
+
 # What a page's commands read that an earlier page makes (run first, in the same directory).
 SETUP = {
     "docs/pretraining.md": "cp \"$DATA/vocab.txt\" vocab.txt && python -m bert_jax.data.create_pretraining_data "
@@ -336,8 +339,8 @@ def test_page_commands_run(page, doc_env, tmp_path):
     if page == "README.md":  # quick path 1: the demo's whole pipeline; its pre-training exported for transformers
         assert_whole_pipeline(workdir / "demo_run", result.stdout)
         assert_pretraining_export_matches(workdir / "demo_run" / "pretrain", workdir / "demo_hf")
-    if page == "docs/tpu-pods.md":
-        assert_aot_report(result.stdout, pods=2)
+    if page in AOT_REPORTS:
+        assert_aot_report(result.stdout, pods=AOT_REPORTS[page])
 
 
 def assert_aot_report(stdout: str, pods: int) -> None:
