@@ -18,16 +18,15 @@ from shared_data import DATA, ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
 
+from conftest import SQUAD_V2_DEV  # noqa: E402
 from test_tokenization import SQUAD_FILES, UNCASED_VOCAB, _corpus_lines, compare_with_reference  # noqa: E402
-
-SQUAD_V2_DEV = ("squad/cs224n-dev-v2.0.json", "squad/dev-v2.0.json")  # the shared folder's, or the official one
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stride", type=int, default=1, help="compare every N-th distinct line")
     args = parser.parse_args()
-    v2 = next(name for name in SQUAD_V2_DEV if (DATA / name).is_file())
+    v2 = next(f"squad/{name}" for name in SQUAD_V2_DEV if (DATA / "squad" / name).is_file())
     squad = {name: json.loads((DATA / name).read_text(encoding="utf-8"))["data"] for name in (*SQUAD_FILES, v2)}
     mismatches, _, summary = compare_with_reference(_corpus_lines(DATA, squad), DATA / UNCASED_VOCAB, args.stride)
     print(summary)
