@@ -5,13 +5,12 @@ Gutenberg, WikiText-2 (valid, test) and the SQuAD v1.1 / v2.0 files, uncased wit
   .venv/bin/python benchmarks/tokenizer_parity.py [--stride 1]
 
 The suite compares every 4th of these lines (`tests/test_tokenization.py`, SAMPLE_STRIDE); this compares
-all of them (about 3 CPU minutes in the reference). Prints the lines compared, both timings and the
+all of them. Prints the lines compared, both timings and the
 mismatches (the first few in full); exit status 1 when any line differs.
 """
 
 import argparse
 import json
-import pathlib
 import sys
 
 from shared_data import DATA, ROOT

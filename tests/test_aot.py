@@ -1,5 +1,6 @@
 """Ahead-of-time compilation for a TPU topology (needs libtpu, the [tpu] extra): its errors and topologies here; the
-report of compiled recipes on docs/tpu-pods.md's commands (tests/test_docs.py, `assert_aot_report`)."""
+reports of compiled recipes on docs/tpu-pods.md's and docs/kernels.md's commands (tests/test_docs.py,
+`assert_aot_report`)."""
 
 import subprocess
 import sys

@@ -114,8 +114,8 @@ def _reference_ids_parallel(vocab_file, texts, do_lower_case=True, processes=2):
     return out
 
 
-# The suite compares every SAMPLE_STRIDE-th distinct line (the pure-Python reference takes about 3 CPU minutes for
-# all of them); benchmarks/tokenizer_parity.py compares every line.
+# The suite compares every SAMPLE_STRIDE-th distinct line; benchmarks/tokenizer_parity.py compares every line
+# (its time: benchmarks/README.md).
 SAMPLE_STRIDE = 4
 
 
