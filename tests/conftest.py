@@ -20,11 +20,17 @@ import shutil
 import tempfile
 
 
+# XLA's CPU backend with its loop emitters instead of its MLIR fusion emitters: the tests' small programs compile in
+# about half the time (benchmarks/README.md). Not for the documented commands: their longer runs can be slower.
+FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+
+
 def xla_flags(devices: int) -> str:
-    """XLA_FLAGS for `devices` simulated CPU devices with the CPU backend's LLVM optimisation off: the tests'
-    programs are small, so they compile in about a third of the CPU time and run a little slower (XLA's HLO
-    passes, hence the numerics, are unchanged). For this process and the commands the tests run."""
-    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+    """XLA_FLAGS for `devices` simulated CPU devices with the CPU backend's LLVM optimisation off and
+    FAST_COMPILE: the tests' programs are small, so they compile in about a sixth of the CPU time and run a
+    little slower (XLA's HLO passes, hence the numerics, are unchanged). For this process and the commands
+    the tests run."""
+    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 {FAST_COMPILE}"
 
 
 # Must happen before jax is imported anywhere: 8 CPU devices to exercise real meshes. Inherited by the commands

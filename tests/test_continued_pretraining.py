@@ -4,10 +4,8 @@ vocabulary and architecture, and the conversion command."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -194,30 +192,23 @@ def _env():
     return dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=ROOT)
 
 
-@pytest.mark.integration
 @pytest.mark.slow
-def test_sigkilled_continued_run_resumes_from_its_workdir_not_the_source(instances, hf_pretraining, tmp_path):
+def test_stopped_continued_run_resumes_from_its_workdir_not_the_source(instances, hf_pretraining, tmp_path, capfd):
+    """A run continued from a Hugging Face directory, stopped at step 4 and resumed after the directory is gone,
+    resumes from its own checkpoint and ends with the uninterrupted run's parameters, bit for bit (resuming
+    from any point of a killed run: tests/test_train.py)."""
     _, path = hf_pretraining
     source = tmp_path / "source"
     shutil.copytree(path, source)
-    whole = subprocess.run(_train_cmd(instances, tmp_path / "whole", source), env=_env(), capture_output=True,
-                           text=True, timeout=600)
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(instances, killed, source), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not (killed / "checkpoints" / "2").is_dir():
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    config = _config(instances, source, steps=8)
+    config.checkpoint_every = 2
+    train.train_and_evaluate(config, str(tmp_path / "whole"))
+    train.train_and_evaluate(config, str(tmp_path / "stopped"), max_steps=4)
     shutil.rmtree(source)  # a resume that read the source would fail
-    resumed = subprocess.run(_train_cmd(instances, killed, source), env=_env(), capture_output=True, text=True,
-                             timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "holds checkpoints: resuming from them" in resumed.stderr
-    expected, got = _final_params(tmp_path / "whole", 8), _final_params(killed, 8)
+    capfd.readouterr()
+    train.train_and_evaluate(config, str(tmp_path / "stopped"))
+    assert "holds checkpoints: resuming from them" in capfd.readouterr().err
+    expected, got = _final_params(tmp_path / "whole", 8), _final_params(tmp_path / "stopped", 8)
     for k, v in expected.items():
         np.testing.assert_array_equal(got[k], v, err_msg=k)
 

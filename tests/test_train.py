@@ -320,27 +320,20 @@ def _final_params(workdir, step):
     return traverse_util.flatten_dict(jax.device_get(restored["state"]["params"]), sep="/")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(small_instances, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    result = subprocess.run(_cmd(small_instances, workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = json.loads(result.stdout.strip().splitlines()[-1])
-    assert metrics["step"] == 16 and metrics["phase"] == 1
-    assert 8 in _steps(workdir)  # the checkpoint at the phase switch (8 is no multiple of checkpoint_every)
-    return _final_params(workdir, 16)
-
-
 PACKED = ("--config.phases[0].packing=True", "--config.phases[1].packing=True")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_packed(small_instances, small_documents, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("uninterrupted_packed")
-    result = subprocess.run(_cmd(small_instances, workdir, extra=PACKED, phase1_data=small_documents), cwd=ROOT, env=_env(), capture_output=True,
-                            text=True, timeout=600)
+def uninterrupted(small_instances, small_documents, tmp_path_factory):
+    """The final parameters of a 16-step run uninterrupted: phase 1 packs dynamic instances drawn from tokenized
+    documents, phase 2 packs static instances (`_cmd` with PACKED)."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    result = subprocess.run(_cmd(small_instances, workdir, extra=PACKED, phase1_data=small_documents), cwd=ROOT,
+                            env=_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics["step"] == 16 and metrics["phase"] == 1
+    assert 8 in _steps(workdir)  # the checkpoint at the phase switch (8 is no multiple of checkpoint_every)
     return _final_params(workdir, 16)
 
 
@@ -360,54 +353,31 @@ def _kill_at(instances, workdir, at_least, delay, extra=(), phase1_data=None) ->
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_sigkill_then_resume_is_bit_identical(instances, uninterrupted, tmp_path):
-    """Killed at a random point inside phase 1, the resumed run crosses the switch; killed again at a random
-    point inside phase 2, the run resumed from that checkpoint ends with the uninterrupted run's
-    parameters, bit for bit (a difference at either resume would carry through to the end)."""
+def test_sigkill_then_resume_is_bit_identical(instances, documents, uninterrupted, tmp_path):
+    """Phase 1 draws dynamic instances from tokenized documents and packs them, phase 2 packs static instances
+    (grain's states in the checkpoint). Killed at a random point inside phase 1, the resumed run crosses the
+    switch; killed again at a random point inside phase 2, the run resumed from that checkpoint ends with the
+    uninterrupted run's parameters, bit for bit (a difference at either resume would carry through to the end)."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     killed_at = None
     for at_least, phase_end in ((rng.randint(2, 5), 8), (rng.randint(9, 12), 16)):
         delay = rng.uniform(0.0, 0.1)
         print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
-        err = _kill_at(instances, tmp_path, at_least, delay)
+        err = _kill_at(instances, tmp_path, at_least, delay, extra=PACKED, phase1_data=documents)
         if killed_at is not None:  # the second kill hit a run resumed from the first
             assert f"train: resumed from the checkpoint at step {killed_at}" in err, err[-3000:]
         killed_at = max(_steps(tmp_path))
         print(f"last checkpoint before the kill: step {killed_at}")
         assert killed_at < phase_end
-    result = subprocess.run(_cmd(instances, tmp_path), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
     resumed = _final_params(tmp_path, 16)
     assert resumed.keys() == uninterrupted.keys()
     for k in resumed:
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_sigkill_then_resume_is_bit_identical_with_dynamic_data_and_packing(instances, documents, uninterrupted_packed,
-                                                                           uninterrupted, tmp_path):
-    """Phase 1 draws dynamic instances from tokenized documents, both phases pack (grain's states in the
-    checkpoint): killed in phase 1, the resumed run crosses the switch and ends with the uninterrupted
-    run's parameters, bit for bit (and not with the static unpacked run's)."""
-    seed = random.randrange(2**32)
-    rng = random.Random(seed)
-    at_least, delay = rng.randint(2, 5), rng.uniform(0.0, 0.1)
-    print(f"\nseed {seed}: killed {delay:.2f} s after the first checkpoint at a step >= {at_least}")
-    _kill_at(instances, tmp_path, at_least, delay, extra=PACKED, phase1_data=documents)
-    killed_at = max(_steps(tmp_path))
-    assert killed_at < 8
-    result = subprocess.run(_cmd(instances, tmp_path, extra=PACKED, phase1_data=documents), cwd=ROOT, env=_env(), capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"train: resumed from the checkpoint at step {killed_at}" in result.stderr
-    resumed = _final_params(tmp_path, 16)
-    for k in resumed:
-        np.testing.assert_array_equal(resumed[k], uninterrupted_packed[k], err_msg=k)
-    assert any(not np.array_equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
 @pytest.mark.slow
@@ -477,21 +447,26 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tm
     assert all(np.isfinite(v).all() for v in good.values())
 
 
+# The Gutenberg run's vocabulary: trained on the corpus itself (its first GUTENBERG_VOCAB_LINES lines). A fifth of
+# Google's 30,522 tokens: the embedding table, the MLM output and their Adam moments dominate the tiny model's step.
+GUTENBERG_VOCAB_SIZE, GUTENBERG_VOCAB_LINES = 4096, 20_000
+
+
 @pytest.mark.slow
 def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
-    """The tiny config, 200 steps on Gutenberg instances: MLM loss falls >= 30%, held-out MLM loss falls,
-    and the next-sentence head learns at least the label prior on held-out books.
+    """The tiny config with a GUTENBERG_VOCAB_SIZE-token vocabulary trained on the corpus, 200 steps on
+    Gutenberg instances: the MLM loss ends >= 1.5 nats under chance (ln V, the untrained model's loss), the
+    held-out MLM loss falls, and the next-sentence head's held-out loss ends under the entropy of the label prior
+    (a label-blind model's loss) and under ln 2 (an untrained head's).
 
-    The labels are not balanced: as in the original, a one-sentence chunk always gets a random next
-    segment, and at length 64 many Gutenberg chunks are one sentence (about 60% NotNext). 200 steps of
-    `tiny` do not learn NSP beyond that prior: held-out accuracy equals the majority rate (0.605) and the
-    loss sits at the prior's entropy (0.665 against 0.671). Learning the task itself takes longer:
-    `benchmarks/nsp_learning.py` (2000 steps, about 7 minutes) shows held-out accuracy above the majority
-    rate from about step 1000 (0.671 against 0.608 at step 2000). So the NSP check here is the weaker one
-    that still fails for a broken head: a loss well under ln 2 (0.693), the loss of an untrained head."""
-    from bert_jax.data import pipeline
+    The labels are not balanced: as in the original, a one-sentence chunk always gets a random next segment,
+    and at length 64 many Gutenberg chunks are one sentence (about 60% NotNext), so the prior's entropy, not
+    ln 2, is what learning the task must beat."""
+    from bert_jax.data import pipeline, vocab
 
-    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    vocab.train_vocab([str(data_dir / "corpus" / "gutenberg-sentences.txt")], GUTENBERG_VOCAB_SIZE,
+                      str(tmp_path / "vocab.txt"), max_sentences=GUTENBERG_VOCAB_LINES)
+    tok = tokenization.Tokenizer(str(tmp_path / "vocab.txt"))
     books = list(corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")],
                                                 corpus.ReadStats()))
     assert len(books) >= 10
@@ -501,6 +476,7 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
                                             num_shards=1)
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
+    config.model.vocab_size = GUTENBERG_VOCAB_SIZE
     config.total_steps, config.log_every, config.checkpoint_every = 200, 10, 200
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 100, 16
@@ -526,16 +502,16 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     majority = max(prior, 1 - prior)
     prior_entropy = -(prior * np.log(prior) + (1 - prior) * np.log(1 - prior))  # a label-blind model's loss
     first, last = train_logs[0], train_logs[-1]
-    drop = 1 - last["mlm_loss"] / first["mlm_loss"]
-    print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} ({drop:.0%} lower), "
+    chance = np.log(GUTENBERG_VOCAB_SIZE)
+    print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} (chance {chance:.3f}), "
           f"MLM accuracy {last['mlm_accuracy']:.3f}; held-out at steps 100 / 200: MLM loss "
           f"{evals[0]['mlm_loss']:.3f} / {evals[1]['mlm_loss']:.3f}, NSP accuracy {evals[0]['nsp_accuracy']:.3f} / "
           f"{evals[1]['nsp_accuracy']:.3f} against {majority:.3f} for the majority label, NSP loss "
           f"{evals[0]['nsp_loss']:.3f} / {evals[1]['nsp_loss']:.3f} against {prior_entropy:.3f} for the label prior")
     assert final["step"] == 200
-    assert drop >= 0.30
+    assert last["mlm_loss"] < chance - 1.5 and first["mlm_loss"] > chance - 0.5
     assert evals[1]["mlm_loss"] < evals[0]["mlm_loss"] < first["mlm_loss"]
-    assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy + 0.01)
+    assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy)
     assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second", "mfu"} <= last.keys()
     assert last["tokens_per_second"] == pytest.approx(64 * last["sequences_per_second"])
     rates = {step: v["sequences_per_second"] for step, prefix, v in history if prefix == "train"}
