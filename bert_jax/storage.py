@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any, Sequence
 
 from etils import epath
@@ -187,27 +188,29 @@ def upload(local: str, path: str | os.PathLike) -> None:
 
 
 _LOCAL_COPIES: dict[str, str] = {}
+_LOCAL_COPIES_LOCK = threading.Lock()
 
 
 def local_file(path: str | os.PathLike) -> str:
     """A local path to read `path` with a reader that opens local files (and gs:// URIs) only, as ArrayRecord's:
     `path` itself when local or gs://; otherwise (s3://, az://, ...) a copy downloaded once per process into
-    a temporary directory removed at exit."""
+    a temporary directory removed at exit. Safe to call from several threads at once."""
     path = os.fspath(path)
     if not is_remote(path) or path.startswith("gs://"):
         return path
-    if path not in _LOCAL_COPIES:
-        if not _LOCAL_COPIES:
-            directory = tempfile.mkdtemp(prefix="bert_jax-remote-")
-            atexit.register(shutil.rmtree, directory, True)
-            _LOCAL_COPIES[""] = directory
-        local = os.path.join(_LOCAL_COPIES[""], hashlib.sha256(path.encode()).hexdigest()[:16] + "-" +
-                             os.path.basename(path))
-        with epath.Path(path).open("rb") as src, open(local + ".tmp", "wb") as dst:
-            shutil.copyfileobj(src, dst, 16 << 20)
-        os.replace(local + ".tmp", local)
-        _LOCAL_COPIES[path] = local
-    return _LOCAL_COPIES[path]
+    with _LOCAL_COPIES_LOCK:  # threads of one process (Beam's in-memory workers) copy a file once
+        if path not in _LOCAL_COPIES:
+            if not _LOCAL_COPIES:
+                directory = tempfile.mkdtemp(prefix="bert_jax-remote-")
+                atexit.register(shutil.rmtree, directory, True)
+                _LOCAL_COPIES[""] = directory
+            local = os.path.join(_LOCAL_COPIES[""], hashlib.sha256(path.encode()).hexdigest()[:16] + "-" +
+                                 os.path.basename(path))
+            with epath.Path(path).open("rb") as src, open(local + ".tmp", "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 << 20)
+            os.replace(local + ".tmp", local)
+            _LOCAL_COPIES[path] = local
+        return _LOCAL_COPIES[path]
 
 
 def is_out_of_space(error: BaseException | None) -> bool:

@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import FAST_COMPILE, ROOT
 from test_continued_pretraining import assert_pretraining_export_matches
 from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
@@ -41,11 +41,17 @@ _TRAIN_SMALL = ("--config.total_steps=6 --config.warmup_steps=1 --config.log_eve
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """How a documented command runs at small size: `program` (a regex) matches the command after any leading
-    VAR=value assignments; `substitute` pairs (regex, replacement) are applied, then `append` is added."""
+    VAR=value assignments; `substitute` pairs (regex, replacement) are applied, then `append` is added;
+    `xla_flags` are added to the command's XLA_FLAGS."""
 
     program: str
     substitute: tuple[tuple[str, str], ...] = ()
     append: str = ""
+    xla_flags: str = ""
+
+
+# A few steps of a small model: compiling dominates, so XLA's CPU backend compiles for speed (conftest.xla_flags).
+_COMPILE_FAST = f"--xla_backend_optimization_level=0 {FAST_COMPILE}"
 
 
 SMALL = (
@@ -53,7 +59,7 @@ SMALL = (
     Rule(r"python -m bert_jax\.data\.create_pretraining_data\b",
          substitute=((r"gs://my-bucket/", "bucket/"), (r"--num_shards=\d+", "--num_shards=2"),
                      (r"--num_workers=\d+", "--num_workers=1"), (r"--dupe_factor=\d+", "--dupe_factor=1"))),
-    Rule(r"python -m bert_jax\.train\b", append=_TRAIN_SMALL),
+    Rule(r"python -m bert_jax\.train\b", append=_TRAIN_SMALL, xla_flags=_COMPILE_FAST),
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
          append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000"),
     # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
@@ -176,6 +182,10 @@ def small(command: str) -> str:
         if re.match(rule.program, rest):
             for pattern, replacement in rule.substitute:
                 rest = re.sub(pattern, replacement, rest)
+            if rule.xla_flags:
+                own = re.search(r"\bXLA_FLAGS=(\S+)\s+", env)
+                env = (env[:own.start()] + env[own.end():] if own else env) + \
+                    f'XLA_FLAGS="{own.group(1) + " " if own else ""}{rule.xla_flags}" '
             return f"{env}{rest} {rule.append}".rstrip()
     raise LookupError(command)
 
@@ -246,8 +256,9 @@ def test_every_command_is_run_or_marked():
 def test_small_rules():
     assert small("python -m bert_jax.data.create_pretraining_data --output_dir=gs://my-bucket/docs --num_shards=64") \
         == "python -m bert_jax.data.create_pretraining_data --output_dir=bucket/docs --num_shards=2"
-    assert small("XLA_FLAGS=--x=8 python -m bert_jax.train --config pretrain:tiny").startswith(
-        "XLA_FLAGS=--x=8 python -m bert_jax.train --config pretrain:tiny --config.total_steps=6")
+    assert small("A=1 XLA_FLAGS=--x=8 python -m bert_jax.train --config pretrain:tiny").startswith(
+        f'A=1 XLA_FLAGS="--x=8 {_COMPILE_FAST}" python -m bert_jax.train --config pretrain:tiny --config.total_steps=6')
+    assert small("python -m bert_jax.train --config pretrain:tiny").startswith(f'XLA_FLAGS="{_COMPILE_FAST}" python')
     assert small("launch/tpu_vm_pod.sh --name n -- --config pretrain:base") == \
         f"{ROOT}/launch/tpu_vm_pod.sh --name n --dry_run -- --config pretrain:base"
     assert commands("a \\\n  b  # note\n# only a comment\nc '#x'\n") == ["a b", "c '#x'"]
@@ -300,10 +311,17 @@ def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     return env
 
 
+_DOC_ENV: dict[str, dict] = {}
+
+
 @pytest.fixture
 def doc_env(tmp_path_factory, data_dir):
-    """Per page (a few seconds), so that the pages run on any test worker."""
-    return make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir)
+    """`make_doc_env`, built once per test worker and shared by the pages it runs (their commands only read the
+    placeholders' files). Function-scoped, so that the pages spread over the workers (tests/conftest.py keeps a
+    module's tests on one worker when they share a module- or session-scoped fixture of the module)."""
+    if "env" not in _DOC_ENV:
+        _DOC_ENV["env"] = make_doc_env(tmp_path_factory.mktemp("doc_env"), data_dir)
+    return dict(_DOC_ENV["env"])
 
 
 def run_page(page: str, env: dict, workdir: pathlib.Path) -> subprocess.CompletedProcess:

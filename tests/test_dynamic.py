@@ -48,7 +48,7 @@ def test_tokenized_documents_metadata(gutenberg, data_dir):
         tokens, starts = store[d]
         counts += np.bincount(tokens, minlength=tok.vocab_size)
         for s in (0, len(starts) - 2):  # first and last sentence of every document
-            sentence = docs[d][s] if s == 0 else [x for x in docs[d] if tok.tokenize(x)][-1]
+            sentence = docs[d][s] if s == 0 else next(x for x in reversed(docs[d]) if tok.tokenize(x))
             assert list(tokens[starts[s]:starts[s + 1]]) == tok.convert_tokens_to_ids(tok.tokenize(sentence))
     np.testing.assert_array_equal(counts, store.token_counts())
     assert meta["num_tokens"] == counts.sum()

@@ -110,3 +110,19 @@ def test_an_upload_failing_halfway_leaves_no_metadata(s3, data_dir, monkeypatch)
         document_shards.tokenize_documents(_documents(data_dir), tok, f"{s3}/docs", num_shards=3)
     assert storage.list_names(f"{s3}/docs") == ["documents-00000-of-00003.array_record"]
     assert not storage.exists(f"{s3}/docs/metadata.json")
+
+
+def test_a_remote_file_is_copied_once_for_threads_reading_it_together(s3, monkeypatch):
+    """Beam's in-memory workers are threads of one process: reading the same URI at once gives each the one local
+    copy (a shared temporary name once let the second rename fail)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = bytes(range(256)) * 4096
+    with storage.epath.Path(f"{s3}/shard.bin").open("wb") as f:
+        f.write(data)
+    monkeypatch.setattr(storage, "_LOCAL_COPIES", {})
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda _: storage.local_file(f"{s3}/shard.bin"), range(16)))
+    assert len(set(paths)) == 1
+    with open(paths[0], "rb") as f:
+        assert f.read() == data

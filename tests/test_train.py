@@ -603,4 +603,8 @@ def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     assert m4["num_predictions"] == m1["num_predictions"] == batch["masked_lm_weights"].sum()
     moved = jax.tree_util.tree_map(lambda a, b: float(np.abs(a - b).max()), p1, initial)
     assert min(jax.tree_util.tree_leaves(moved)) > 0  # the step changed every parameter
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), p4, p1)
+    # The same parameters, to within 1% of the largest change the step made: the accumulated gradient sums in
+    # another order, and Adam's first step divides each gradient by its own magnitude, so the rounding of a
+    # near-zero gradient (a rare token's embedding row) shows in full in its update.
+    atol = 1e-2 * max(jax.tree_util.tree_leaves(moved))
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol), p4, p1)
