@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from conftest import FAST_COMPILE, ROOT
+from conftest import ROOT
 from test_continued_pretraining import assert_pretraining_export_matches
 from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
@@ -50,8 +50,9 @@ class Rule:
     xla_flags: str = ""
 
 
-# A few steps of a small model: compiling dominates, so XLA's CPU backend compiles for speed (conftest.xla_flags).
-_COMPILE_FAST = f"--xla_backend_optimization_level=0 {FAST_COMPILE}"
+# A few steps of a small model: compiling dominates, so XLA's CPU backend skips LLVM's optimisation (as
+# conftest.xla_flags; a two-process 6-step run: 32.5 s -> 24.5 s).
+_COMPILE_FAST = "--xla_backend_optimization_level=0"
 
 
 SMALL = (

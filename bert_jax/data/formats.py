@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-import grain
+from array_record.python import array_record_data_source  # the reader grain.sources.ArrayRecordDataSource extends
 
 from bert_jax import storage
 
@@ -88,7 +88,7 @@ def check_version(path: str, metadata: dict) -> None:
         raise ValueError(f"{path}: format_version {version!r}, expected {INSTANCES_FORMAT_VERSION}")
 
 
-def open_shard(shard: str) -> grain.sources.ArrayRecordDataSource:
+def open_shard(shard: str) -> array_record_data_source.ArrayRecordDataSource:
     """One ArrayRecord file that a metadata.json lists (local or a URI, `storage.local_file`), opened alone.
 
     Raises:
@@ -98,12 +98,12 @@ def open_shard(shard: str) -> grain.sources.ArrayRecordDataSource:
     if not storage.is_file(shard):
         raise FileNotFoundError(f"{shard}: shard listed in {METADATA_NAME} is missing")
     try:
-        return grain.sources.ArrayRecordDataSource([storage.local_file(shard)])
+        return array_record_data_source.ArrayRecordDataSource([storage.local_file(shard)])
     except Exception:  # array_record raises a bare RuntimeError for a truncated or corrupt file
         raise ValueError(f"{shard}: not a readable ArrayRecord file (truncated or corrupt)") from None
 
 
-def open_shards(path: str, metadata: dict) -> grain.sources.ArrayRecordDataSource:
+def open_shards(path: str, metadata: dict) -> array_record_data_source.ArrayRecordDataSource:
     """The static instances' shards that `metadata` (the metadata.json of `path`) lists, as one source
     (records in shard order), checked complete.
 
@@ -121,7 +121,7 @@ def open_shards(path: str, metadata: dict) -> grain.sources.ArrayRecordDataSourc
         if not storage.is_file(shard):
             raise FileNotFoundError(f"{shard}: shard listed in {METADATA_NAME} is missing")
     try:
-        source = grain.sources.ArrayRecordDataSource([storage.local_file(s) for s in shards])
+        source = array_record_data_source.ArrayRecordDataSource([storage.local_file(s) for s in shards])
     except Exception:  # array_record raises a bare RuntimeError: find the shard and name it
         for shard in shards:
             open_shard(shard)
@@ -132,7 +132,7 @@ def open_shards(path: str, metadata: dict) -> grain.sources.ArrayRecordDataSourc
     return source
 
 
-def open_document_shards(path: str, metadata: dict) -> list[grain.sources.ArrayRecordDataSource]:
+def open_document_shards(path: str, metadata: dict) -> list[array_record_data_source.ArrayRecordDataSource]:
     """The tokenized documents' shards that `metadata` (the metadata.json of `path`) lists, one source
     each, in order, checked complete: the format version, token_counts.npy and vocab.txt present, each
     shard holding the number of documents metadata["shard_documents"] records.
