@@ -4,7 +4,7 @@ Gutenberg, WikiText-2 (valid, test) and the SQuAD v1.1 / v2.0 files, uncased wit
 
   .venv/bin/python benchmarks/tokenizer_parity.py [--stride 1]
 
-The suite compares every 4th of these lines (`tests/test_tokenization.py`, SAMPLE_STRIDE); this compares
+The suite compares every 8th of these lines (`tests/test_tokenization.py`, SAMPLE_STRIDE); this compares
 all of them. Prints the lines compared, both timings and the
 mismatches (the first few in full); exit status 1 when any line differs.
 """

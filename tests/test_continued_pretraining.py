@@ -114,14 +114,14 @@ def gutenberg_documents(data_dir, minilm_dir, tmp_path_factory):
 def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_documents, minilm_dir, tmp_path, capfd,
                                                                 optimized_programs):
     """The real MiniLM encoder (no heads): the loaded encoder is the file's, bit for bit; the step-0 losses
-    of the fresh heads equal transformers' on the same weights (exported with to_hf); 20 steps on Gutenberg
-    lower the MLM loss (from about 9.4 over the first 5 steps to about 6.6 over the last 5)."""
+    of the fresh heads equal transformers' on the same weights (exported with to_hf); 12 steps on Gutenberg
+    lower the MLM loss (from about 9.5 over the first 5 steps to about 7.4 over the last 5)."""
     config = pretrain.get_config("tiny")
     config.init_checkpoint = str(minilm_dir)
     config.phases = [config.phases[0]]  # one phase (length 64): one program of the 6-layer model to compile
     config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = str(gutenberg_documents), 8, 1.0
-    config.total_steps, config.warmup_steps, config.learning_rate = 20, 2, 1e-4
-    config.log_every, config.checkpoint_every = 1, 20
+    config.total_steps, config.warmup_steps, config.learning_rate = 12, 2, 1e-4
+    config.log_every, config.checkpoint_every = 1, 12
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     config.mesh.num_devices = 1
     resolved, init = initialisation.pretraining_source(config, str(tmp_path / "run"))
@@ -147,7 +147,8 @@ def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_docume
     from bert_jax import summaries
 
     losses = [r["mlm_loss"] for r in summaries.read_metrics(str(tmp_path / "run"))]
-    assert len(losses) == 20
+    print(f"\nMLM loss over the first 5 steps {np.mean(losses[:5]):.2f}, the last 5 {np.mean(losses[-5:]):.2f}")
+    assert len(losses) == 12
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
 
 

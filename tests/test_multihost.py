@@ -97,6 +97,10 @@ def params_of():
     return params
 
 
+def _steps_of(workdir):
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
 def _assert_close(a, b):
     assert a.keys() == b.keys()
     for k in a:
@@ -150,21 +154,17 @@ def test_two_hosts_resume_packed_data_each_from_its_own_state(small_instances, p
 
 @pytest.mark.slow
 def test_packed_dynamic_input_resumes_on_another_process_count(small_instances, packed_two, tmp_path):
-    """Packed rows of dynamic instances: the two-process run's step-2 checkpoint continues in one process, and
-    that run's step-4 checkpoint (still phase 0) on two, each saying in one line that the input is re-split
-    (the documents drawn across such a restart: tests/test_stream.py); each checkpoints the new order and
-    finishes."""
+    """Packed rows of dynamic instances: the two-process run's step-2 checkpoint continues in one process,
+    saying in one line that the input is re-split (the documents drawn across such a restart, either way:
+    tests/test_stream.py); it checkpoints the new order and finishes."""
     whole, extra = packed_two
     log = []
     _copy_checkpoint(whole, tmp_path / "one", 2)
-    final_one = _single(small_instances, tmp_path / "one", extra, log)
-    _copy_checkpoint(tmp_path / "one", tmp_path / "two", 4)
-    final_two = _two_processes(small_instances, tmp_path / "two", extra, log)
-    for text, (old, new) in zip(log, ((2, 1), (1, 2)), strict=True):
-        notices = [line for line in text.splitlines() if "re-split" in line]
-        assert len(notices) == 1, text[-2000:]
-        assert notices[0].startswith(f"train: phase 0's input ran on {old} processes, this run has {new}: "
-                                     f"it continues in epoch "), notices[0]
-        assert "not bit-identical" in notices[0]
-    assert final_one["step"] == final_two["step"] == STEPS
-    assert np.isfinite(final_one["loss"]) and np.isfinite(final_two["loss"])
+    final = _single(small_instances, tmp_path / "one", extra, log)
+    notices = [line for line in log[0].splitlines() if "re-split" in line]
+    assert len(notices) == 1, log[0][-2000:]
+    assert notices[0].startswith("train: phase 0's input ran on 2 processes, this run has 1: it continues in epoch "), \
+        notices[0]
+    assert "not bit-identical" in notices[0]
+    assert final["step"] == STEPS and np.isfinite(final["loss"])
+    assert 4 in _steps_of(tmp_path / "one")  # the re-split order checkpointed

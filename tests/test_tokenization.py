@@ -116,7 +116,7 @@ def _reference_ids_parallel(vocab_file, texts, do_lower_case=True, processes=2):
 
 # The suite compares every SAMPLE_STRIDE-th distinct line; benchmarks/tokenizer_parity.py compares every line
 # (its time: benchmarks/README.md).
-SAMPLE_STRIDE = 4
+SAMPLE_STRIDE = 8
 
 
 def compare_with_reference(lines: list[str], vocab_file, stride: int) -> tuple[list[str], int, str]:
@@ -140,7 +140,7 @@ def test_ids_match_reference_on_corpus_lines(data_dir, squad, uncased_vocab):
     mismatches, compared, summary = compare_with_reference(_corpus_lines(data_dir, squad), uncased_vocab, SAMPLE_STRIDE)
     print("\n" + summary)
     assert not mismatches, f"{len(mismatches)} lines differ, first: {mismatches[0][:200]!r}"
-    assert compared > 25_000
+    assert compared > 14_000
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +340,7 @@ def test_fuzz_matches_reference(tokenizer, reference, text):
 
 @given(texts=st.lists(st.text(alphabet=st.characters(max_codepoint=127), max_size=300), max_size=8),
        lower=st.booleans())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_ascii_fast_path_equals_the_rust_pipeline(texts, lower, uncased_vocab):
     """encode_batch's ASCII fast path gives exactly the ids of the full pipeline (encode)."""
     tok = _FAST_PATH_TOKENIZERS.setdefault(lower, Tokenizer(uncased_vocab, do_lower_case=lower))
