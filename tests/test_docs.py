@@ -62,7 +62,8 @@ SMALL = (
                      (r"--num_workers=\d+", "--num_workers=1"), (r"--dupe_factor=\d+", "--dupe_factor=1"))),
     Rule(r"python -m bert_jax\.train\b", append=_TRAIN_SMALL, xla_flags=_COMPILE_FAST),
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
-         append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000"),
+         append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000 "
+                "--config.model.num_hidden_layers=1"),
     # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
     Rule(r"python -m bert_jax\.demo\b", append=f"--total_steps={DEMO_TOTAL_STEPS} --sst2_train_examples=64 "
                                                  "--squad_train_examples=64 --squad_eval_examples=16"),

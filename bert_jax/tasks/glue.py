@@ -30,8 +30,6 @@ from typing import Any, Sequence
 import jax
 import ml_collections
 import numpy as np
-from scipy import stats
-from sklearn import metrics as skm
 
 from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
 from bert_jax.data import glue
@@ -60,6 +58,11 @@ def compute_metrics(task: str, predictions: np.ndarray, labels: np.ndarray) -> d
     if predictions.shape != labels.shape or predictions.ndim != 1 or not len(labels):
         raise ValueError(f"{task} metrics: predictions {predictions.shape} and labels {labels.shape} are not "
                          "the same non-empty [N]")
+    # Imported here, not with the module: scipy.stats and sklearn.metrics add about 1.5 s to every job's start
+    # (its flag errors included), and only the evaluation needs them.
+    from scipy import stats
+    from sklearn import metrics as skm
+
     values = {}
     for name in spec.metrics:
         if name == "mcc":
