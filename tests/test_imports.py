@@ -1,4 +1,5 @@
-"""The import graph of bert_jax: no module imports itself back, and the data package imports in one direction.
+"""The import graph of bert_jax: no module imports itself back, the data package imports in one direction, and
+data preparation and the GLUE job start without the heavy libraries they do not run.
 
 The graph is read from the source with `ast` (nothing is imported): an edge a -> b for every `import
 bert_jax.b`, `from bert_jax import b`, `from bert_jax.x import b` (b a module, else its package) and
@@ -198,3 +199,20 @@ def test_data_package_imports_downwards(graph):
     upward = [f"{a} (layer {layer[a]}) imports {b} (layer {layer[b]}) at {where}"
               for a in sorted(layer) for b, where in sorted(graph[a].items()) if layer.get(b, -1) > layer[a]]
     assert not upward, "imports against the data package's layering:\n" + "\n".join(upward)
+
+
+def test_commands_start_without_what_they_do_not_run():
+    """Data preparation (its command and Beam workers) starts without jax, flax, orbax or grain, and a GLUE job
+    without scipy and sklearn (its evaluation imports them), so that they start (and answer a bad flag)
+    quickly. Imported for real, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\n"
+             "import bert_jax.data.create_pretraining_data, bert_jax.data.vocab, bert_jax.data.beam_pipeline\n"
+             "print(sorted(m for m in ('jax', 'flax', 'orbax', 'grain') if m in sys.modules))\n"
+             "import bert_jax.tasks.glue\n"
+             "print(sorted(m for m in ('scipy', 'sklearn') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:2] == ["[]", "[]"], result.stdout

@@ -31,7 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
+from bert_jax import batching, engine, heads, losses, storage, summaries
 from bert_jax.data import glue
 from bert_jax.tasks import finetune, job, prediction
 
