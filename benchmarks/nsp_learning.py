@@ -10,7 +10,7 @@ config (lr 1e-3, 20 warmup steps, linear decay to 0 at --steps) on one device an
 Why a benchmark and not a test: the labels are not balanced. As in the original
 create_pretraining_data.py, a chunk of one sentence always gets a random next segment, and at length 64
 many Gutenberg chunks are one long sentence, so about 60% of the labels are NotNext. Predicting that
-majority already beats 50%, which 200 steps do (tests/test_train.py -k learns); learning the task
+majority already beats 50%, which 100 steps do (tests/test_train.py -k learns); learning the task
 itself (a random segment comes from another book) takes longer. Printed: held-out NSP accuracy against
 the majority rate, NSP loss against the label prior's entropy (what a model blind to the text reaches),
 and held-out MLM loss, at each evaluation.
