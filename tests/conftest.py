@@ -199,7 +199,7 @@ def small_documents(data_dir, small_vocab, tmp_path_factory):
 def optimized():
     """Programs built through `jax.jit` inside (the library's steps and initialisers) compiled by XLA's CPU
     backend at its defaults (-O2, fusion emitters) instead of the suite's `xla_flags`: for tests whose time goes
-    to running steps rather than compiling them (MiniLM's 20 continued steps: 69 s -> 54 s)."""
+    to running steps rather than compiling them (`python benchmarks/cpu_compile.py` compares both)."""
     import jax
 
     with pytest.MonkeyPatch.context() as patch:

@@ -51,7 +51,7 @@ class Rule:
 
 
 # A few steps of a small model: compiling dominates, so XLA's CPU backend skips LLVM's optimisation (as
-# conftest.xla_flags; a two-process 6-step run: 32.5 s -> 24.5 s).
+# conftest.xla_flags does for the tests' own programs).
 _COMPILE_FAST = "--xla_backend_optimization_level=0"
 
 
