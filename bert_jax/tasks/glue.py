@@ -58,8 +58,8 @@ def compute_metrics(task: str, predictions: np.ndarray, labels: np.ndarray) -> d
     if predictions.shape != labels.shape or predictions.ndim != 1 or not len(labels):
         raise ValueError(f"{task} metrics: predictions {predictions.shape} and labels {labels.shape} are not "
                          "the same non-empty [N]")
-    # Imported here, not with the module: scipy.stats and sklearn.metrics add about 1.5 s to every job's start
-    # (its flag errors included), and only the evaluation needs them.
+    # Imported here, not with the module: only the evaluation needs scipy.stats and sklearn.metrics, and importing
+    # them is a large share of a job's start (its flag errors included).
     from scipy import stats
     from sklearn import metrics as skm
 
