@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
 import flax.struct
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -129,10 +130,31 @@ def state_shardings(init: Callable[[], TrainState], mesh: jax.sharding.Mesh) -> 
     return nn.unbox(boxed), sharding.logical_sharding(nn.get_partition_spec(boxed), mesh)
 
 
-def create_state(init: Callable[[], TrainState], mesh: jax.sharding.Mesh, shardings: Any) -> TrainState:
-    """The TrainState of `init` built directly in `shardings` (one jit with out_shardings)."""
+def create_state(init: Callable[[], TrainState], mesh: jax.sharding.Mesh, shardings: Any,
+                 params: Mapping[str, jax.Array] | None = None) -> TrainState:
+    """The TrainState of `init` built directly in `shardings` (one jit with out_shardings).
+
+    `params` ("/"-joined parameter paths -> jax.Arrays of the parameter's shape, dtype and sharding, e.g.
+    a checkpoint's encoder) replace those of `init`, whose random initialisation of them the compiled
+    program then leaves out; they are donated. The optimizer state is `init`'s (built from shapes only:
+    zeros for every optimizer of `optim`).
+
+    Raises:
+      KeyError: a path of `params` that `init`'s parameters lack.
+    """
+    given = dict(params or {})
+
+    def build(given):
+        state = nn.unbox(init())
+        flat = flax.traverse_util.flatten_dict(state.params, sep="/")
+        for path in given:
+            if path not in flat:
+                raise KeyError(f"create_state: no parameter {path!r} to replace")
+        flat.update(given)
+        return state.replace(params=flax.traverse_util.unflatten_dict(flat, sep="/"))
+
     with jax.set_mesh(mesh):
-        return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
+        return jax.jit(build, out_shardings=shardings, donate_argnums=0)(given)
 
 
 # ----------------------------------------------------------------------------- the step

@@ -10,9 +10,9 @@ a run directory carries for the next job.
                                 or `<workdir>/checkpoints/<step>` (that one): pre-training or fine-tuning.
 The architecture (the twelve bert_config.json fields, and the layer layout of a bert_jax run) comes
 from the source; the compute options and the dropout probabilities (`JOB_FIELDS`) are the job's.
-`load_params` then puts the source's arrays into the job's freshly initialised, sharded parameters;
-what the source lacks (the NSP head of a BertForMaskedLM, both heads of a BertModel, a pooler) stays
-as initialised and is named.
+`load_params` then reads the source's arrays in the job's shapes and shardings, which
+`engine.create_state` puts in place of the random initialisation; what the source lacks (the NSP head
+of a BertForMaskedLM, both heads of a BertModel, a pooler) is initialised and named.
 
 A run directory carries itself (`write_run_files`, before a pre-training run's first step):
   bert_config.json       the architecture, in the original's format;
@@ -203,19 +203,21 @@ def architecture_changes(model: Mapping[str, Any], config: BertConfig) -> dict[s
 
 
 def load_params(init: Initialisation, params: Any, shardings: Any, mesh: jax.sharding.Mesh, *,
-                take: Callable[[str], bool] = lambda path: True) -> tuple[Any, list[str]]:
-    """The job's parameters with the source's arrays in place -> (params, fresh paths).
+                take: Callable[[str], bool] = lambda path: True) -> tuple[dict[str, jax.Array], list[str]]:
+    """The source's arrays for the job's parameters -> (loaded, fresh), for `engine.create_state(...,
+    params=loaded)`.
 
     Args:
-      init: a resolved source (kind "hf" or "orbax"; "random" returns `params` unchanged).
-      params: the job's freshly initialised parameter tree (sharded jax.Arrays, e.g. a TrainState's).
+      init: a resolved source (kind "hf" or "orbax"; "random" loads nothing).
+      params: the job's parameter tree: anything with .shape and .dtype per leaf (the abstract
+        ShapeDtypeStructs of `engine.state_shardings`, or arrays).
       shardings: the tree of NamedShardings of `params`.
       mesh: the mesh of `shardings`.
       take: which "/"-joined parameter paths may come from the source (fine-tuning: "bert/..." only).
 
     Returns:
-      (params, fresh): every taken leaf the source holds replaced by its array (sharded as the job's);
-      `fresh` the taken paths the source lacks, left as initialised.
+      (loaded, fresh): `loaded` maps each taken path the source holds to its array, in the job's shape,
+      dtype and sharding; `fresh` lists the taken paths the source lacks (left to the job's initialisation).
 
     Raises:
       ValueError: a source that lacks an encoder parameter other than the pooler, or holds one of another
@@ -223,16 +225,17 @@ def load_params(init: Initialisation, params: Any, shardings: Any, mesh: jax.sha
       checkpointing.CheckpointMismatch / NoReadableCheckpoint: from reading a bert_jax run.
     """
     if init.kind == "random":
-        return params, []
+        return {}, []
     flat = traverse_util.flatten_dict(params, sep="/")
     flat_shardings = traverse_util.flatten_dict(shardings, sep="/")
     wanted = [p for p in flat if take(p)]
     if init.kind == "hf":
         source = traverse_util.flatten_dict(init.params, sep="/")
         have = _held(init, {p: tuple(np.shape(source[p])) for p in source if p not in init.fresh}, flat, wanted)
+        loaded = {}
         for p in have:
             value = np.asarray(source[p], dtype=flat[p].dtype)
-            flat[p] = jax.make_array_from_callback(value.shape, flat_shardings[p], lambda i, v=value: v[i])
+            loaded[p] = jax.make_array_from_callback(value.shape, flat_shardings[p], lambda i, v=value: v[i])
     else:
         def restore(step):
             held = checkpointing.stored_params(storage.join(init.path, str(step)))
@@ -246,8 +249,8 @@ def load_params(init: Initialisation, params: Any, shardings: Any, mesh: jax.sha
                 return have, checkpointing.restore_params(init.path, target, step)
 
         have, restored = read_run(init, restore)
-        flat.update(traverse_util.flatten_dict(restored, sep="/"))
-    return traverse_util.unflatten_dict(flat, sep="/"), [p for p in wanted if p not in have]
+        loaded = traverse_util.flatten_dict(restored, sep="/")
+    return loaded, [p for p in wanted if p not in have]
 
 
 def _held(init: Initialisation, held: Mapping[str, tuple], flat: Mapping[str, Any], wanted: list[str]) -> list[str]:

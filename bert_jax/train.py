@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import json
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -186,19 +186,21 @@ def state_init(model: nn.Module, tx: optax.GradientTransformation, seed: int) ->
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                       seed: int, shardings: Any = None, mlm_bias: np.ndarray | None = None) -> tuple[TrainState, Any]:
+                       seed: int, shardings: Any = None, mlm_bias: np.ndarray | None = None,
+                       params: Mapping[str, jax.Array] | None = None) -> tuple[TrainState, Any]:
     """A freshly initialised, sharded TrainState (never materialised unsharded) and its shardings
     (derived with `engine.state_shardings` unless given); `mlm_bias` (float32 [V], e.g. `initial_mlm_bias`)
-    replaces the zero-initialised MLM output bias."""
+    replaces the zero-initialised MLM output bias, and `params` ("/"-joined paths -> sharded arrays, e.g.
+    `initialisation.load_params`'s) the parameters they name (`engine.create_state`)."""
     init = state_init(model, tx, seed)
     if shardings is None:
         _, shardings = engine.state_shardings(init, mesh)
-    state = engine.create_state(init, mesh, shardings)
+    given = dict(params or {})
     if mlm_bias is not None:
         bias_sharding = shardings.params["mlm_output_bias"]
-        bias = jax.make_array_from_callback(mlm_bias.shape, bias_sharding, lambda index: mlm_bias[index])
-        state = state.replace(params={**state.params, "mlm_output_bias": bias})
-    return state, shardings
+        given["mlm_output_bias"] = jax.make_array_from_callback(mlm_bias.shape, bias_sharding,
+                                                                lambda index: mlm_bias[index])
+    return engine.create_state(init, mesh, shardings, params=given), shardings
 
 
 def initial_state(config: ml_collections.ConfigDict, program: "Program", mesh: jax.sharding.Mesh,
@@ -207,15 +209,14 @@ def initial_state(config: ml_collections.ConfigDict, program: "Program", mesh: j
     `initial_mlm_bias`), then the parameters of `init`'s source put in (`initialisation.load_params`; one
     line names what the source lacks); step, optimizer state and data position fresh, as the original's
     --init_checkpoint."""
-    state, _ = create_train_state(program.model, program.tx, mesh, config.seed, program.shardings,
-                                  initial_mlm_bias(config))
-    if init is None:
-        return state
-    params, fresh = initialisation.load_params(init, state.params, program.shardings.params, mesh)
+    loaded, fresh = {}, []
+    if init is not None:
+        loaded, fresh = initialisation.load_params(init, program.abstract.params, program.shardings.params, mesh)
     if fresh:
         initialisation.say(f"train: not in config.init_checkpoint={init.path!r}, initialised fresh: "
              f"{initialisation.summarize_paths(fresh)}")
-    return state.replace(params=params)
+    bias = None if "mlm_output_bias" in loaded else initial_mlm_bias(config)  # the source's bias wins
+    return create_train_state(program.model, program.tx, mesh, config.seed, program.shardings, bias, loaded)[0]
 
 
 def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:

@@ -204,15 +204,27 @@ def abstract_params(config: BertConfig, architecture: str = "BertForPreTraining"
     return traverse_util.flatten_dict(shapes["params"], sep="/")
 
 
-def init_params(config: BertConfig, seed: int = 0) -> dict:
+def init_params(config: BertConfig, seed: int = 0, paths: Sequence[str] | None = None) -> dict:
     """Freshly initialised (unboxed) BertForPreTraining params for `config`, as the original's init.
 
     Leaves are jax.Arrays in config.param_dtype (the layers stacked under `encoder/layers` with
-    scan_layers); `seed` seeds `jax.random.key`.
+    scan_layers); `seed` seeds `jax.random.key`. With `paths` ("/"-joined, e.g. "nsp/kernel"), only those:
+    a flat {path: array} holding the values the whole tree would (the compiled program computes no other).
+
+    Raises:
+      KeyError: a path of `paths` the model lacks.
     """
     model = BertForPreTraining(config)
     ids = jnp.zeros((1, 2), jnp.int32)
-    return nn.unbox(jax.jit(model.init)(jax.random.key(seed), ids, masked_lm_positions=ids))["params"]
+
+    def init(key):
+        params = nn.unbox(model.init(key, ids, masked_lm_positions=ids))["params"]
+        if paths is None:
+            return params
+        flat = traverse_util.flatten_dict(params, sep="/")
+        return {p: flat[p] for p in paths}
+
+    return jax.jit(init)(jax.random.key(seed))
 
 
 def complete(config: BertConfig, flat: dict, expected: Mapping[str, Any], missing_heads: Sequence[str],
@@ -235,12 +247,11 @@ def complete(config: BertConfig, flat: dict, expected: Mapping[str, Any], missin
         log.warning("%s: %d %s not used by BertForPreTraining: %s", source, len(unknown), noun, list(unknown))
     if missing_heads:
         log.warning("%s: heads absent, initialised with seed %d: %s", source, seed, list(missing_heads))
-        initial = traverse_util.flatten_dict(init_params(config.replace(scan_layers=False), seed), sep="/")
-        for path_ in expected:  # the pre-training tree's; a task head read above is kept as read
-            if path_ not in flat:
-                flat[path_] = np.asarray(initial[path_])
-                if fresh is not None:
-                    fresh.append(path_)
+        absent = [p for p in expected if p not in flat]  # the pre-training tree's; a task head read is kept
+        flat.update((p, np.asarray(v)) for p, v in
+                    init_params(config.replace(scan_layers=False), seed, paths=absent).items())
+        if fresh is not None:
+            fresh.extend(absent)
     params = traverse_util.unflatten_dict(flat, sep="/")
     if config.scan_layers:
         params = stack_layers(params, config.num_hidden_layers)

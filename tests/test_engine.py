@@ -4,13 +4,14 @@ the update shared by every batch shape takes the same steps, and the timer leave
 
 import time
 
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import aot, engine, heads, losses, modeling, sharding, train
+from bert_jax import aot, engine, heads, losses, modeling, sharding, train, weights
 from bert_jax.tasks import finetune
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
@@ -95,6 +96,51 @@ def test_optimizer_from_pretraining_and_fine_tuning_configs():
     pre.optimizer = "sgd"
     with pytest.raises(ValueError, match="'sgd' is not 'adamw' or 'lamb'"):
         engine.create_optimizer(pre)
+
+
+def test_given_parameters_replace_the_initialised_ones_on_a_mesh():
+    """`create_state(params=...)`: the given arrays in place, every other parameter and the optimizer state as
+    the whole initialisation gives them, all in their shardings; a path the model lacks is a KeyError."""
+    bert = modeling.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=32, max_position_embeddings=16)
+    model = heads.BertForSequenceClassification(bert, num_labels=3)
+    mesh = sharding.make_mesh(2, 2, 2)
+    tx, _ = engine.create_optimizer(glue_config.get_config("mnli"), 10)
+    ids = jnp.zeros((1, 7), jnp.int32)
+    init = engine.state_init(model, tx, 0, ids, ids, ids)
+    abstract, shardings = engine.state_shardings(init, mesh)
+    whole = engine.create_state(init, mesh, shardings)
+    flat_abstract = flax.traverse_util.flatten_dict(abstract.params, sep="/")
+    flat_shardings = flax.traverse_util.flatten_dict(shardings.params, sep="/")
+    rng = np.random.default_rng(0)
+    values = {p: rng.standard_normal(flat_abstract[p].shape).astype(flat_abstract[p].dtype)
+              for p in flat_abstract if p.startswith("bert/encoder/")}
+    given = {p: jax.device_put(v, flat_shardings[p]) for p, v in values.items()}
+    state = engine.create_state(init, mesh, shardings, params=given)
+    got = flax.traverse_util.flatten_dict(state.params, sep="/")
+    expected = flax.traverse_util.flatten_dict(whole.params, sep="/")
+    assert got.keys() == expected.keys() and len(values) > 10
+    for p in got:
+        assert got[p].sharding == flat_shardings[p], p
+        np.testing.assert_array_equal(np.asarray(got[p]), values[p] if p in values else np.asarray(expected[p]),
+                                      err_msg=p)
+    for a, b in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(whole.opt_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(KeyError, match="no parameter 'bert/nothing'"):
+        engine.create_state(init, mesh, shardings, params={"bert/nothing": jnp.zeros(3)})
+
+
+def test_init_params_of_some_paths_equal_the_whole_trees():
+    """`weights.init_params(paths=...)` (the heads a converted encoder lacks) gives the whole tree's values."""
+    bert = modeling.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=32, max_position_embeddings=16, scan_layers=False)
+    whole = flax.traverse_util.flatten_dict(weights.init_params(bert, seed=5), sep="/")
+    paths = ["nsp/kernel", "mlm_output_bias", "mlm_transform/kernel", "bert/encoder/layer_1/output/kernel"]
+    some = weights.init_params(bert, seed=5, paths=paths)
+    assert sorted(some) == sorted(paths)
+    for p in paths:
+        np.testing.assert_array_equal(np.asarray(some[p]), np.asarray(whole[p]), err_msg=p)
+    assert float(np.abs(np.asarray(some["nsp/kernel"])).max()) > 0  # drawn, not zeros
 
 
 def _classifier_on_one_device(bert: modeling.BertConfig, num_labels: int, task: str):

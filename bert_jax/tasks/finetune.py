@@ -44,11 +44,9 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.s
     state_init = engine.state_init(model, tx, seed, ids, ids, ids)
     abstract, shardings = engine.state_shardings(state_init, mesh)
     sharding.check_divisible(abstract, shardings)
-    # The optimizer state starts at zero whatever the params: built with the random ones, kept.
-    state = engine.create_state(state_init, mesh, shardings)
-    params, _ = initialisation.load_params(init, state.params, shardings.params, mesh,
-                                           take=lambda path: path.startswith("bert/"))
-    return state.replace(params=params), shardings
+    encoder, _ = initialisation.load_params(init, abstract.params, shardings.params, mesh,
+                                            take=lambda path: path.startswith("bert/"))
+    return engine.create_state(state_init, mesh, shardings, params=encoder), shardings
 
 
 TaskLoss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
