@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import FAST_COMPILE, ROOT
 from test_continued_pretraining import assert_pretraining_export_matches
 from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
@@ -52,7 +52,7 @@ class Rule:
 
 # A few steps of a small model: compiling dominates, so XLA's CPU backend skips LLVM's optimisation (as
 # conftest.xla_flags does for the tests' own programs).
-_COMPILE_FAST = "--xla_backend_optimization_level=0"
+_COMPILE_FAST = f"--xla_backend_optimization_level=0 {FAST_COMPILE}"
 
 
 SMALL = (
@@ -63,10 +63,13 @@ SMALL = (
     Rule(r"python -m bert_jax\.train\b", append=_TRAIN_SMALL, xla_flags=_COMPILE_FAST),
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
          append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000 "
-                "--config.model.num_hidden_layers=1"),
+                "--config.model.num_hidden_layers=1 --config.model.vocab_size=4096"),
     # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
+    # (the random-init baselines are the same fine-tuning commands without init_checkpoint: the summary's
+    # comparison line is tests/test_demo.py's)
     Rule(r"python -m bert_jax\.demo\b", append=f"--total_steps={DEMO_TOTAL_STEPS} --sst2_train_examples=64 "
-                                                 "--squad_train_examples=64 --squad_eval_examples=16"),
+                                                 "--squad_train_examples=64 --squad_eval_examples=16 "
+                                                 "--norandom_baseline"),
     Rule(r"python -m bert_jax\.tasks\.glue\b", append="--config.max_train_examples=32 --config.num_train_epochs=1 "
                                                      "--config.train_batch_size=16 --config.max_seq_length=64"),
     Rule(r"python -m bert_jax\.tasks\.squad\b",
