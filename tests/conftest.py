@@ -71,8 +71,8 @@ def pytest_collection_modifyitems(config, items):
         module = item.module
         if module not in shared:
             shared[module] = _module_fixtures(module)
-        if shared[module] & set(item.fixturenames):  # computed once: every such test of the module on one worker
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
+        if shared[module] & set(item.fixturenames) and config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))  # computed once: all on one worker
     slow_groups = {item.module for item in items
                    if item.get_closest_marker("slow") and shared[item.module] & set(item.fixturenames)}
     # Slow tests (and the groups holding them) first, so that two workers finish together.

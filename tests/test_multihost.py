@@ -22,9 +22,9 @@ from flax import traverse_util
 
 from conftest import ROOT, SMALL_VOCAB_SIZE, xla_flags
 
-# every test runs commands in subprocesses; one at a time (two processes fill 2 cores). The group is the one
-# tests/conftest.py gives a module with a module-scoped fixture, so all the module's tests share it.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(__name__)]
+# every test runs commands in subprocesses; one test at a time (two processes fill 2 cores): each uses a
+# module-scoped fixture, so tests/conftest.py puts them in one xdist group.
+pytestmark = pytest.mark.integration
 
 DEVICES = 4  # global; two processes hold DEVICES // 2 each
 STEPS = 6
