@@ -1,4 +1,5 @@
-"""Vocabulary training: an 8000-piece uncased vocabulary from the Gutenberg books (their first TRAINING_LINES lines),
+"""Vocabulary training: an 8000-piece uncased vocabulary from the Gutenberg books (their first TRAINING_LINES
+lines), judged on WikiText-2.
 
 Held-out measure: WikiText-2 valid + test, tokenized by our Tokenizer with the trained vocabulary. The
 WikiText files carry markup that is not text: "<unk>" placeholders (rare words the dataset replaced),
