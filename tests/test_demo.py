@@ -37,7 +37,7 @@ def small_task_folders(data_dir, out):
 
 
 # The demo's steps where it runs whole (tests/test_docs.py: the README's first quick path).
-DEMO_TOTAL_STEPS = 20
+DEMO_TOTAL_STEPS = 12
 
 
 def assert_whole_pipeline(workdir, stdout):
