@@ -205,10 +205,10 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
 
 def initial_state(config: ml_collections.ConfigDict, program: "Program", mesh: jax.sharding.Mesh,
                   init: initialisation.Initialisation | None) -> TrainState:
-    """The state a new run starts from: freshly initialised (`create_train_state`, the MLM bias of
-    `initial_mlm_bias`), then the parameters of `init`'s source put in (`initialisation.load_params`; one
-    line names what the source lacks); step, optimizer state and data position fresh, as the original's
-    --init_checkpoint."""
+    """The state a new run starts from (`create_train_state`): the parameters of `init`'s source
+    (`initialisation.load_params`; one line names what the source lacks) in place of their initialisation,
+    the rest freshly initialised (the MLM bias of `initial_mlm_bias` where the source has none); step,
+    optimizer state and data position fresh, as the original's --init_checkpoint."""
     loaded, fresh = {}, []
     if init is not None:
         loaded, fresh = initialisation.load_params(init, program.abstract.params, program.shardings.params, mesh)
