@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from bert_jax import demo
 from conftest import ROOT
 
 
@@ -73,6 +72,10 @@ def assert_whole_pipeline(workdir, stdout):
 def test_summary_compares_each_task_with_its_random_init_run(capsys):
     """The summary's lines per stage: both scores and the gain (hand-computed), the note when pre-training does
     not beat random init, a skipped stage's reason."""
+    # imported here, not at collection: the demo's absl flags (e.g. --dupe_factor) would clash with those of
+    # create_pretraining_data in a test process that imported both
+    from bert_jax import demo
+
     summary = {"phases": [{"phase": 0, "max_seq_length": 128, "steps": "0-36", "mlm_accuracy": 0.047,
                            "mlm_loss": 6.799, "nsp_accuracy": 0.61}],
                "chance_mlm_accuracy": 0.00025, "pretrain_seconds": 12.3, "checkpoints": ["c/36"], "tensorboard": "tb",
