@@ -248,7 +248,8 @@ class BertEncoder(nn.Module):
             layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                                  static_argnums=(3,))
         if c.scan_layers:
-            stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+            stack = nn.scan(layer_cls, variable_axes={"params": 0, "intermediates": 0},  # intermediates: per layer
+                            split_rngs={"params": True, "dropout": True},
                             in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             out, stacked = stack(c, output_hidden_states, name="layers")(x, mask, deterministic)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import kernels, layers, losses, modeling
-from bert_jax.kernels import gpu, reference, xla_cpu
+from bert_jax.kernels import dropout as hashed, gpu, reference, xla_cpu
 
 SETS = ["reference", "xla_cpu"]
 DTYPES = ["float32", "bfloat16"]
@@ -27,11 +27,13 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     assert kernels.resolve("xla_cpu", "tpu") == "xla_cpu" and kernels.resolve("reference", "cpu") == "reference"
     assert kernels.resolve("auto") == "xla_cpu"  # these tests run on the CPU backend
     assert kernels.get("auto", "gpu") is gpu.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
-    # The gpu set: the reference forms and cuDNN's attention where it applies, nothing else.
-    assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None) == reference.KERNELS
-    tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
-    assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
-    assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu) == reference.KERNELS
+    # The gpu set: the reference forms, the hashed dropout and cuDNN's attention where it applies, nothing else.
+    assert gpu.KERNELS.dropout is hashed.HashedDropout
+    assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
+                               dropout=nn.Dropout) == reference.KERNELS
+    tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU and the hashed dropout, nothing else
+    assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu and tpu.dropout is hashed.HashedDropout
+    assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu, dropout=nn.Dropout) == reference.KERNELS
     with pytest.raises(ValueError, match=r"model.kernels='pallas' is not one of \['auto', 'reference', 'xla_cpu', 'tpu', 'splash', 'gpu'\]"):
         kernels.resolve("pallas")
     with pytest.raises(ValueError, match="model.kernels='cuda'"):
@@ -162,7 +164,7 @@ def test_masked_lm_loss_gradient_equals_autodiff_of_log_softmax(dtype):
     assert float(jnp.abs(ours[weights == 0]).max()) == 0.0  # padding slots get no gradient
 
 
-@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("name", ["reference", "xla_cpu", "tpu", "gpu"])
 def test_dropout_rate_scaling_and_independence(name):
     """Each set's dropout: the keep rate, neighbours and two keys uncorrelated (|r| < 4 / sqrt(n)), inverted
     scaling (mean kept), identity when deterministic."""
@@ -186,11 +188,79 @@ def test_dropout_rate_scaling_and_independence(name):
 
 def test_hashed_keep_mask_rates_for_other_rates_and_shapes():
     for rate, shape in ((0.5, (4096,)), (0.25, (64, 512))):
-        keep, p = xla_cpu.keep_mask(jax.random.key(3), shape, rate)
+        keep, p = hashed.keep_mask(jax.random.key(3), shape, rate)
         assert keep.shape == shape and p == 1 - round(rate * 65536) / 65536
         assert abs(float(np.mean(keep)) - p) < 4 * np.sqrt(p * (1 - p) / np.prod(shape))
     with pytest.raises(ValueError, match="at least one axis"):
-        xla_cpu.keep_mask(jax.random.key(0), (), 0.1)
+        hashed.keep_mask(jax.random.key(0), (), 0.1)
+
+
+def _correlation(a, b) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    return float((a * b).mean() / np.sqrt((a * a).mean() * (b * b).mean()))
+
+
+def test_hashed_dropout_is_the_same_under_any_sharding_and_on_a_rerun():
+    """The mask is a function of the key and each element's global index: the output of a jitted call sharded
+    over a 2x4 mesh (batch and heads, as the model's logical axes place attention probabilities) equals the
+    unsharded call's bit for bit, and a second call with the same key (a resumed step) repeats it."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    layer = hashed.HashedDropout(0.1)
+    x = jax.random.normal(jax.random.key(5), (8, 4, 32, 32), jnp.float32)
+    key = jax.random.key(11)
+    apply = lambda v: layer.apply({}, v, deterministic=False, rngs={"dropout": key})
+    whole = np.asarray(jax.jit(apply)(x))
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 4), ("data", "heads"))
+    for spec in (P("data", "heads"), P(None, None, "data"), P(("data", "heads"))):
+        sharding = NamedSharding(mesh, spec)
+        sharded = jax.jit(apply, in_shardings=sharding, out_shardings=sharding)(jax.device_put(x, sharding))
+        np.testing.assert_array_equal(np.asarray(sharded), whole)
+    np.testing.assert_array_equal(np.asarray(jax.jit(apply)(x)), whole)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_model_dropout_masks_are_independent_across_calls_layers_and_steps(scan_layers):
+    """In BertModel with the tpu set's hashed dropout (rates 0.1): every dropout call of a training pass keeps
+    about 0.9 of its elements; the masks of the two layers' attention probabilities, of the two residual
+    dropouts of one layer, and of the same call in two steps (two step keys) are uncorrelated
+    (|r| < 4 / sqrt(n)); the same step key gives the same masks (bit-exact resume)."""
+    config = modeling.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=64, kernels="tpu",
+                                 scan_layers=scan_layers)
+    model = modeling.BertModel(config)
+    ids = jax.random.randint(jax.random.key(0), (8, 64), 1, 64)
+    params = model.init(jax.random.key(1), ids)["params"]
+
+    def masks(step_key):
+        _, state = model.apply({"params": params}, ids, deterministic=False, rngs={"dropout": step_key},
+                               capture_intermediates=lambda mdl, _: isinstance(mdl, hashed.HashedDropout),
+                               mutable=["intermediates"])
+        found = {}
+        for path, value in jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]:
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            value = np.asarray(value) != 0
+            if scan_layers and "layers" in name:  # stacked along a leading layer axis
+                for i in range(value.shape[0]):
+                    found[name.replace("layers", f"layers_{i}")] = value[i]
+            else:
+                found[name] = value
+        return found
+
+    first, second, again = masks(jax.random.key(7)), masks(jax.random.key(8)), masks(jax.random.key(7))
+    assert len(first) == 1 + 2 * 3, sorted(first)  # embeddings, then per layer: probabilities and two residuals
+    for name, keep in first.items():
+        p = 1 - 6554 / 65536
+        assert abs(keep.mean() - p) < 4 * np.sqrt(p * (1 - p) / keep.size), name
+        np.testing.assert_array_equal(keep, again[name])
+        assert abs(_correlation(keep.astype(float), second[name].astype(float))) < 4 / np.sqrt(keep.size), name
+    probabilities = sorted(n for n, v in first.items() if v.ndim == 4)
+    residuals = sorted(n for n, v in first.items() if v.ndim == 3 and "embeddings" not in n)
+    assert len(probabilities) == 2 and len(residuals) == 4, sorted(first)
+    pairs = [probabilities] + [residuals[i:i + 2] for i in (0, 2)] + [[residuals[0], residuals[2]]]
+    for a, b in pairs:
+        r = _correlation(first[a].astype(float), first[b].astype(float))
+        assert abs(r) < 4 / np.sqrt(first[a].size), (a, b, r)
 
 
 def test_swapped_replaces_one_operation_for_the_block_only():
@@ -199,7 +269,7 @@ def test_swapped_replaces_one_operation_for_the_block_only():
         assert inside.gelu is reference.gelu and inside.tied_logits is xla_cpu.tied_logits
     assert kernels.get("xla_cpu") is xla_cpu.KERNELS and xla_cpu.KERNELS.gelu is xla_cpu.gelu
     with kernels.swapped("reference", "dropout"):
-        assert kernels.get("reference").dropout is xla_cpu.HashedDropout
+        assert kernels.get("reference").dropout is hashed.HashedDropout
     assert kernels.get("reference").dropout is nn.Dropout
     with pytest.raises(ValueError, match="cannot swap 'softmax' in kernel set 'xla_cpu'"):
         with kernels.swapped("xla_cpu", "softmax"):

@@ -8,19 +8,20 @@
   gelu                 jax.nn.gelu(approximate=False), float32   xla_cpu, tpu, splash: hand-written gradient
   feed-forward dense   flax Dense's lax.dot_general              xla_cpu: kernel gradient from x^T, held apart
   tied MLM logits      einsum + bias                             xla_cpu: hand-written gradient
-  dropout              flax.linen.Dropout (JAX PRNG)             xla_cpu: counter-hash mask
+  dropout              flax.linen.Dropout (JAX PRNG, one draw    xla_cpu, tpu, splash, gpu: counter-hash mask
+                       per element)                              (`bert_jax.kernels.dropout`)
   attention            the model's softmax(q k^T + mask) v       splash: Pallas splash attention (TPU);
                                                                  gpu: cuDNN fused attention
 
 Sets:
   reference  the plain forms (`bert_jax.kernels.reference`); the truth every other set is tested against.
   xla_cpu    forms written for XLA's CPU backend (`bert_jax.kernels.xla_cpu`).
-  tpu        the reference with xla_cpu's GELU (`bert_jax.kernels.tpu`).
+  tpu        the reference with xla_cpu's GELU and the hashed dropout (`bert_jax.kernels.tpu`).
   splash     the tpu set with Pallas splash attention (`bert_jax.kernels.splash`), for TPU runs without
              attention-probability dropout (the model raises ValueError otherwise); only chosen by name.
-  gpu        the reference with cuDNN's fused attention where cuDNN takes the layer (bfloat16 / float16, no
-             attention dropout: `Kernels.attention_applies`), the reference attention elsewhere
-             (`bert_jax.kernels.gpu`).
+  gpu        the reference with the hashed dropout and cuDNN's fused attention where cuDNN takes the layer
+             (bfloat16 / float16, no attention dropout: `Kernels.attention_applies`), the reference attention
+             elsewhere (`bert_jax.kernels.gpu`).
   auto       "xla_cpu" when compiling for the CPU, "tpu" for a TPU, "gpu" for a GPU, "reference" for any
              other platform.
 

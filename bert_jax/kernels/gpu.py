@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels import reference
+from bert_jax.kernels import dropout, reference
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
 MAX_HEAD_SIZE = 128  # cuDNN's bound before Hopper (256 from Hopper on): the portable one
@@ -48,4 +48,5 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
     return jnp.swapaxes(out, 1, 2)
 
 
-KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", attention=attention, attention_applies=applies)
+KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
+                              attention_applies=applies)

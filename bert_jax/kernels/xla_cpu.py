@@ -12,11 +12,10 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels import reference
+from bert_jax.kernels import dropout, reference
 from bert_jax.kernels.base import Kernels
 
 Array = jax.Array
@@ -115,62 +114,5 @@ def _tied_logits_bwd(dtype, residuals, dlogits):
 tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
-def _fmix32(h: Array) -> Array:
-    """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
-    """Keep mask of inverted dropout from a counter-based hash -> (bool mask of `shape`, keep probability).
-
-    Two 32-bit seeds are drawn from `rng` (any PRNG key); element i hashes its index:
-    h = fmix32(fmix32(lead ^ s0) ^ (inner * 0x9E3779B9 + s1)), `lead` the index over the leading dims
-    and `inner` over the last two; kept when the top 16 bits of h are at least round(rate * 65536), so
-    the keep probability is 1 - round(rate * 65536) / 65536 (0.8999939 for rate 0.1). One PRNG draw per
-    element (threefry or RngBitGenerator) costs XLA CPU far more than these fused integer operations.
-    The mask depends only on the key and the global index, so it is the same under any sharding.
-
-    Raises:
-      ValueError: a 0-d shape.
-    """
-    if not shape:
-        raise ValueError("dropout needs an input with at least one axis")
-    seeds = jax.random.bits(rng, (2,), jnp.uint32)
-    lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
-    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
-    outer = jax.lax.broadcasted_iota(jnp.uint32, (lead, 1, 1), 0)
-    inner = (jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 1) * jnp.uint32(cols)
-             + jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 2))
-    h = _fmix32(_fmix32(outer ^ seeds[0]) ^ (inner * jnp.uint32(0x9E3779B9) + seeds[1]))
-    threshold = round(rate * 65536)
-    return ((h >> 16) >= threshold).reshape(shape), 1.0 - threshold / 65536
-
-
-class HashedDropout(nn.Module):
-    """Inverted dropout on the "dropout" PRNG stream with the mask of `keep_mask`: drops with
-    probability round(rate * 65536) / 65536 and scales the rest by 1 / keep probability."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        """x: any shape (at least 1-D), floating dtype -> same shape and dtype; x itself when deterministic
-        or rate is 0, zeros when rate is 1.
-
-        Raises (only when applied):
-          flax.errors.InvalidRngError: no "dropout" PRNG stream (`rngs={"dropout": key}`).
-          ValueError: a 0-d x.
-        """
-        if deterministic or self.rate == 0.0:
-            return x
-        if self.rate >= 1.0 or round(self.rate * 65536) == 65536:
-            return jnp.zeros_like(x)
-        keep, keep_prob = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-        return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
-
-
-KERNELS = Kernels(name="xla_cpu", gelu=gelu, dot_general=dot_general, tied_logits=tied_logits, dropout=HashedDropout)
+KERNELS = Kernels(name="xla_cpu", gelu=gelu, dot_general=dot_general, tied_logits=tied_logits,
+                  dropout=dropout.HashedDropout)
