@@ -65,15 +65,25 @@ class Phase:
     packing: bool = False  # several instances per row (bert_jax.data.packing)
     max_instances: int = 0  # K, instances per packed row (0: packing.default_max_instances)
     fill_rows: bool = True  # packed rows of tokenized documents: free room filled (bert_jax.data.dynamic.FillRows)
+    # The masking (`pretraining.MASKING_FIELDS`): tokenized documents are drawn with it, static data must hold it.
+    masked_lm_prob: float = 0.15
+    do_whole_word_mask: bool = False
+    short_seq_prob: float = 0.1
+
+    def masking(self) -> dict[str, Any]:
+        """{name: value} of the phase's masking fields (`pretraining.MASKING_FIELDS`)."""
+        return {k: getattr(self, k) for k in ("masked_lm_prob", "do_whole_word_mask", "short_seq_prob")}
 
 
 def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
     """Turns `config.phases` fractions into step ranges; the last phase ends at total_steps.
 
     Raises:
-      ValueError: no phase, fractions not summing to 1, a batch size below 1, or a phase longer than
-        max_position_embeddings.
+      ValueError: no phase, fractions not summing to 1, a batch size below 1, a phase longer than
+        max_position_embeddings, or instance and masking fields `pretraining.InstanceOptions.validate` rejects.
     """
+    from bert_jax.data import pretraining
+
     if not config.phases:
         raise ValueError("config.phases is empty")
     total = sum(p.fraction for p in config.phases)
@@ -92,9 +102,15 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
         if p.get("max_instances", 0) < 0:
             raise ValueError(f"config.phases[{i}].max_instances={p.max_instances} must be >= 0 (0: the default)")
+        masking = {name: p.get(name, getattr(pretraining.InstanceOptions, name)) for name in pretraining.MASKING_FIELDS}
+        try:
+            pretraining.InstanceOptions(max_seq_length=p.max_seq_length,
+                                        max_predictions_per_seq=p.max_predictions_per_seq, **masking).validate()
+        except ValueError as e:  # "<field>=<value> must be ...": named as the config field
+            raise ValueError(f"config.phases[{i}].{e}") from None
         phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir,
                             bool(p.get("packing", False)), int(p.get("max_instances", 0)),
-                            bool(p.get("fill_rows", True))))
+                            bool(p.get("fill_rows", True)), **masking))
         start = end
     return phases
 
@@ -125,7 +141,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
         sharding.check_process_rows(mesh, p.batch_size)
         if need_data:
             _check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
-                        p.max_predictions_per_seq)
+                        p.max_predictions_per_seq, p.masking())
     if need_data and config.eval_data_dir:
         meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
         if formats.is_documents(meta):
@@ -143,12 +159,13 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
 
 
 def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = None,
-                max_predictions_per_seq: int | None = None) -> dict:
+                max_predictions_per_seq: int | None = None, masking: dict | None = None) -> dict:
     """The metadata.json of the instance directory in config `field`, checked against the config: its
-    length and predictions (when given) and its vocabulary size, and its shards present and complete (so
-    that phase 2's or the eval's data fail at the start, not at their first use). One-line
+    length, predictions and masking (`pretraining.MASKING_FIELDS`; static instances were masked when written,
+    so a phase's field must equal the metadata flag) when given, its vocabulary size, and its shards present
+    and complete (so that phase 2's or the eval's data fail at the start, not at their first use). One-line
     FileNotFoundError / ValueError."""
-    from bert_jax.data import formats
+    from bert_jax.data import formats, pretraining
 
     meta_file = storage.join(data_dir, "metadata.json")
     if not storage.is_file(meta_file):
@@ -166,6 +183,14 @@ def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = 
             max_seq_length, max_predictions_per_seq):
         raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
                          f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
+    mismatch = pretraining.masking_mismatch(flags, masking or {})
+    if mismatch:
+        name, wanted, held = mismatch
+        phase = field.rsplit(".", 1)[0]
+        raise ValueError(f"{phase}.{name}={wanted} but {data_dir} holds static instances masked with "
+                         f"{name}={held} (fixed when they were written): set {phase}.{name}={held}, or give the "
+                         f"phase tokenized documents (create_pretraining_data --tokenize_only), drawn while "
+                         f"training with its masking")
     formats.check(data_dir, meta)
     return meta
 
@@ -342,8 +367,8 @@ def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
         max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
-        packing=phase.packing, max_instances=phase.max_instances or None, fill_rows=phase.fill_rows,
-        worker_count=config.get("data_workers", 0), stream=order)
+        **phase.masking(), packing=phase.packing, max_instances=phase.max_instances or None,
+        fill_rows=phase.fill_rows, worker_count=config.get("data_workers", 0), stream=order)
     if state is not None:
         it.set_state(state)
     return it

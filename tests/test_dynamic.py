@@ -251,3 +251,292 @@ def test_default_shuffle_window_is_at_most_one_epoch_per_process():
     assert dynamic.default_shuffle_window({"num_tokens": 30}, options, 1) == 1
     assert dynamic.default_shuffle_window({"num_tokens": 10**9}, options, 8) == dynamic.DEFAULT_SHUFFLE_WINDOW
     assert dynamic.default_shuffle_window({}, options, 1) == dynamic.DEFAULT_SHUFFLE_WINDOW
+
+
+# ----------------------------------------------------------------------------- masking options: both paths
+
+# Whole documents of 40 consecutive sentences of the shared Gutenberg corpus: 300 documents, ~294k tokens,
+# ~3,000 instances at length 128 (one pass / epoch): a few seconds per path.
+DOCUMENTS, SENTENCES = 300, 40
+LENGTH = 128
+# Masking options (the phase config fields and the original's flags). "cap": masked_lm_prob so high that
+# max_predictions_per_seq binds; "whole_words": Google's later masking.
+MASKINGS = {
+    "defaults": dict(masked_lm_prob=0.15, max_predictions_per_seq=20, do_whole_word_mask=False, short_seq_prob=0.1),
+    "whole_words": dict(masked_lm_prob=0.3, max_predictions_per_seq=40, do_whole_word_mask=True, short_seq_prob=0.5),
+    "cap": dict(masked_lm_prob=0.3, max_predictions_per_seq=20, do_whole_word_mask=False, short_seq_prob=0.0),
+}
+Z = 4.0  # tolerances: 4 binomial standard errors
+
+
+def _gutenberg_documents(data_dir):
+    documents, sentences = [], []
+    with open(data_dir / "corpus" / "gutenberg-sentences.txt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                sentences.append(line.strip())
+            if len(sentences) == SENTENCES:
+                documents.append(sentences)
+                sentences = []
+                if len(documents) == DOCUMENTS:
+                    return documents
+    raise AssertionError("the corpus is shorter than the test needs")
+
+
+class _Drawn:
+    """Instances of one masking on one path, as per-instance arrays (both paths decoded alike)."""
+
+    def __init__(self, rows):
+        self.rows = rows  # [(ids shown int32 [n], token_type_ids [n], masked positions [k], original ids [k])]
+
+    @classmethod
+    def unpacked(cls, x):
+        n = x["attention_mask"].sum(1)
+        k = (x["masked_lm_weights"] > 0).sum(1)
+        return cls([(x["input_ids"][r, :n[r]], x["token_type_ids"][r, :n[r]], x["masked_lm_positions"][r, :k[r]],
+                     x["masked_lm_ids"][r, :k[r]]) for r in range(len(n))])
+
+    @classmethod
+    def packed(cls, batches, plain_batches):
+        """(the packer's instances, the fillers) of filled packed rows (instance s of a row: segment s), the
+        packer's being those of the same rows packed without filling (`plain_batches`)."""
+        own, fillers = [], []
+        for b, plain in zip(batches, plain_batches, strict=True):
+            for r in range(len(b["input_ids"])):
+                real = b["masked_lm_weights"][r] > 0
+                positions, labels = b["masked_lm_positions"][r][real], b["masked_lm_ids"][r][real]
+                packed_here = int(plain["next_sentence_weights"][r].sum())
+                for s in range(1, int(b["segment_ids"][r].max()) + 1):
+                    at = np.flatnonzero(b["segment_ids"][r] == s)
+                    mine = (positions >= at[0]) & (positions <= at[-1])
+                    row = (b["input_ids"][r, at], b["token_type_ids"][r, at], positions[mine] - at[0], labels[mine])
+                    (fillers if s > packed_here else own).append(row)
+        return cls(own), cls(fillers)
+
+    def lengths(self):
+        return np.array([len(ids) for ids, _, _, _ in self.rows])
+
+    def predictions(self):
+        return np.array([len(p) for _, _, p, _ in self.rows])
+
+    def shown_and_original(self):
+        return (np.concatenate([ids[p] for ids, _, p, _ in self.rows]),
+                np.concatenate([labels for _, _, _, labels in self.rows]))
+
+    def words(self, is_continuation):
+        """(multi-piece words, those partly masked) over all instances. Words as the original groups them: the
+        tokens but [CLS] and the [SEP]s, in order, a "##" piece joining the group before it."""
+        whole = partial = 0
+        for ids, types, positions, labels in self.rows:
+            original = ids.copy()
+            original[positions] = labels
+            sep = int(np.argmax(types == 1)) - 1
+            candidates = [p for p in range(1, len(ids) - 1) if p != sep]
+            masked = np.zeros(len(ids), bool)
+            masked[positions] = True
+            groups = []
+            for p in candidates:
+                if groups and is_continuation[original[p]]:
+                    groups[-1].append(p)
+                else:
+                    groups.append([p])
+            for g in groups:
+                if len(g) > 1:
+                    whole += 1
+                    partial += 0 < masked[g].sum() < len(g)
+        return whole, partial
+
+
+@pytest.fixture(scope="module")
+def masking_corpus(data_dir, tokenizer, tmp_path_factory):
+    """(the documents, their tokenized-documents directory, a scratch directory) for the masking tests."""
+    documents = _gutenberg_documents(data_dir)
+    out = tmp_path_factory.mktemp("masking")
+    document_shards.tokenize_documents(iter(documents), tokenizer, str(out / "docs"), num_shards=2)
+    return documents, out / "docs", out
+
+
+@pytest.fixture(scope="module")
+def drawn(masking_corpus, tokenizer):
+    """{masking name: (static instances, dynamic instances)}: create_pretraining_data with the options as flags
+    (dupe_factor 1) and `pipeline.make_pretraining_iterator` on the tokenized documents with them (one epoch, in
+    document order), the same documents."""
+    documents, docs_dir, out = masking_corpus
+    result = {}
+    for name, masking in MASKINGS.items():
+        pretraining.create_pretraining_data(iter(documents), tokenizer, str(out / name), dupe_factor=1, num_shards=2,
+                                            options=pretraining.InstanceOptions(max_seq_length=LENGTH, **masking))
+        static = _Drawn.unpacked(_stack(pretraining.iterate_instances(str(out / name))))
+        batches = list(_iterator(docs_dir, global_batch_size=50, shuffle=False, num_epochs=1, **masking))
+        result[name] = static, _Drawn.unpacked({k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
+    return result
+
+
+def _stack(rows):
+    rows = list(rows)
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def _agree(a: float, na: int, b: float, nb: int, what: str) -> None:
+    """Two binomial proportions (a of na trials, b of nb) equal within Z standard errors of their difference."""
+    p = (a * na + b * nb) / (na + nb)
+    se = np.sqrt(max(p * (1 - p), 1e-12) * (1 / na + 1 / nb))
+    assert abs(a - b) <= Z * se, f"{what}: {a:.4f} of {na} vs {b:.4f} of {nb} (tolerance {Z * se:.4f})"
+
+
+@pytest.mark.parametrize("name", list(MASKINGS))
+def test_both_paths_mask_with_the_options_statistics(name, drawn):
+    """Static instances (the options as create_pretraining_data flags) and instances drawn from tokenized
+    documents (the same options through make_pretraining_iterator) of the same 300 documents. Each instance of n
+    tokens masks the original's count, min(max_predictions_per_seq, max(1, round(n * masked_lm_prob))) (whole
+    words: at most that, a word that does not fit is skipped), so the masked share of the tokens is
+    masked_lm_prob within half a token per instance plus Z binomial errors (below it where the cap binds), the
+    same on both paths (Z errors); the [MASK] / random / kept split is 80 / 10 / 10 (Z binomial errors, on each
+    path and between them)."""
+    masking = MASKINGS[name]
+    p, cap = masking["masked_lm_prob"], masking["max_predictions_per_seq"]
+    shares = []
+    for path, x in zip(("static", "dynamic"), drawn[name], strict=True):
+        n, k = x.lengths(), x.predictions()
+        assert len(n) > 2000 and (n <= LENGTH).all(), (path, len(n))
+        want = np.minimum(cap, np.maximum(1, np.round(n * p).astype(int)))  # the original's count per instance
+        if masking["do_whole_word_mask"]:
+            assert (k <= want).all(), path
+        else:
+            np.testing.assert_array_equal(k, np.minimum(want, n - 3), err_msg=path)
+        share, tokens = k.sum() / n.sum(), n.sum()
+        tolerance = 0.5 * len(n) / tokens + Z * np.sqrt(p * (1 - p) / tokens)
+        if cap >= np.round(LENGTH * p):
+            assert abs(share - p) <= tolerance, (path, share, p, tolerance)
+        else:  # the cap binds on full-length instances
+            assert share < p - tolerance and (k[n == LENGTH] == cap).all(), (path, share)
+        shown, original = x.shown_and_original()
+        split = {"mask": np.mean(shown == 103), "kept": np.mean(shown == original)}
+        split["random"] = 1 - split["mask"] - split["kept"]
+        for part, expected in (("mask", 0.8), ("kept", 0.1), ("random", 0.1)):
+            assert abs(split[part] - expected) <= Z * np.sqrt(expected * (1 - expected) / len(shown)), (path, split)
+        shares.append((share, tokens, split, len(shown)))
+    (a, na, sa, ka), (b, nb, sb, kb) = shares
+    _agree(a, na, b, nb, f"{name}: masked share of the tokens")
+    for part in ("mask", "kept", "random"):
+        _agree(sa[part], ka, sb[part], kb, f"{name}: {part} share of the predictions")
+
+
+def test_whole_word_masking_masks_whole_words_on_both_paths(drawn, tokenizer):
+    """With do_whole_word_mask no word (a token and the "##" pieces after it, as the original groups them) is
+    ever partly masked, on either path, and words are masked as often on both (Z errors); without it, on the
+    same documents, masked positions often split words (so the check can fail)."""
+    is_continuation = np.array([t.startswith("##") for t in tokenizer.inv_vocab])
+    counts = {}
+    for name in ("whole_words", "defaults"):
+        for path, x in zip(("static", "dynamic"), drawn[name], strict=True):
+            counts[name, path] = x.words(is_continuation)
+    for path in ("static", "dynamic"):
+        words, partial = counts["whole_words", path]
+        assert words > 10_000 and partial == 0, (path, words, partial)
+        words, partial = counts["defaults", path]
+        assert partial > 0.05 * words, (path, words, partial)  # 15% of the pieces, drawn one by one
+    shares = {}
+    for path, x in zip(("static", "dynamic"), drawn["whole_words"], strict=True):
+        _, original = x.shown_and_original()
+        shares[path] = np.mean(is_continuation[original]), len(original)
+    _agree(*shares["static"], *shares["dynamic"], "whole words: '##' pieces among the masked tokens")
+
+
+def test_short_targets_follow_short_seq_prob_on_both_paths(drawn):
+    """The share of instances shorter than max_seq_length (a short target, uniform in [2, max_seq_length - 3],
+    or a document's end) is the same on both paths for each short_seq_prob (0, 0.1, 0.5; Z binomial errors);
+    over the share at 0 (the documents' ends alone), the excess estimates short_seq_prob:
+    s_hat = (f(s) - f(0)) / (1 - f(0)) lies in [0.6 s, s] (within Z errors): a short target near the maximum
+    still gives a full instance when its last sentence carries the chunk over)."""
+    short = {}
+    for name in MASKINGS:
+        for path, x in zip(("static", "dynamic"), drawn[name], strict=True):
+            n = x.lengths()
+            short[name, path] = np.mean(n < LENGTH), len(n)
+        _agree(*short[name, "static"], *short[name, "dynamic"], f"{name}: share of short instances")
+    for path in ("static", "dynamic"):
+        f0, n0 = short["cap", path]  # short_seq_prob 0
+        for name in ("defaults", "whole_words"):
+            s = MASKINGS[name]["short_seq_prob"]
+            f, nf = short[name, path]
+            estimate = (f - f0) / (1 - f0)
+            se = np.sqrt(f * (1 - f) / nf + f0 * (1 - f0) / n0) / (1 - f0)
+            assert 0.6 * s - Z * se <= estimate <= s + Z * se, (path, name, s, estimate, se)
+
+
+def test_filled_rows_draw_with_the_phases_masking(masking_corpus, tokenizer):
+    """Packed rows of tokenized documents with their free room filled (`dynamic.FillRows`): the fillers too are
+    drawn with the phase's masking: no word partly masked with do_whole_word_mask, masked_lm_prob's share."""
+    _, docs_dir, _ = masking_corpus
+    masking = MASKINGS["whole_words"]
+    kw = dict(global_batch_size=32, packing=True, num_packing_bins=32, **masking)
+    own, fillers = _Drawn.packed(list(itertools.islice(_iterator(docs_dir, **kw), 30)),
+                                 list(itertools.islice(_iterator(docs_dir, fill_rows=False, **kw), 30)))
+    is_continuation = np.array([t.startswith("##") for t in tokenizer.inv_vocab])
+    for x in (own, fillers):
+        words, partial = x.words(is_continuation)
+        assert len(x.rows) > 40 and words > 40 and partial == 0, (len(x.rows), words, partial)
+    n, k = fillers.lengths(), fillers.predictions()
+    p = masking["masked_lm_prob"]
+    share = k.sum() / n.sum()
+    assert p - 0.5 * len(n) / n.sum() - Z * np.sqrt(p * (1 - p) / n.sum()) <= share <= p + 0.5 * len(n) / n.sum(), share
+
+
+def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
+    """`bert_jax.train`: a phase's masking fields (the original's defaults) reach the instances drawn from
+    tokenized documents (whole words, train.iterator); static instances hold theirs fixed, so a phase field
+    that differs from the data's metadata flag is a one-line error naming the field and both values, as is a
+    field out of range; make_pretraining_iterator refuses the same, and a dynamic stream's state
+    refuses to resume with other masking."""
+    import jax
+
+    from bert_jax import sharding, train
+    from bert_jax.configs import pretrain
+
+    default = pretrain.phase(128, 20, 1.0, "", 8)
+    assert (default.masked_lm_prob, default.do_whole_word_mask, default.short_seq_prob) == (0.15, False, 0.1)
+    _, docs_dir, _ = masking_corpus
+    config = pretrain.get_config("tiny")
+    config.phases[0].data_dir = str(docs_dir)
+    config.phases[0].do_whole_word_mask = True
+    config.phases[1].data_dir = str(instances / "p2")
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    phases = train.validate(config, mesh)
+    assert phases[0].masking() == dict(masked_lm_prob=0.15, do_whole_word_mask=True, short_seq_prob=0.1)
+    it = train.iterator(phases[0], config, None)
+    batches = [next(it) for _ in range(10)]
+    it.close()
+    is_continuation = np.array([t.startswith("##") for t in tokenizer.inv_vocab])
+    words, partial = _Drawn.unpacked({k: np.concatenate([b[k] for b in batches]) for k in batches[0]}).words(
+        is_continuation)
+    assert words > 100 and partial == 0
+    p2 = instances / "p2"
+    for field, value, held in (("do_whole_word_mask", True, False), ("masked_lm_prob", 0.2, 0.15),
+                               ("short_seq_prob", 0.0, 0.1)):
+        bad = config.copy_and_resolve_references()
+        bad.phases[1][field] = value
+        message = (rf"config.phases\[1\].{field}={value} but {p2} holds static instances masked with {field}={held} "
+                   rf"\(fixed when they were written\): set config.phases\[1\].{field}={held}")
+        with pytest.raises(ValueError, match=message) as raised:
+            train.validate(bad, mesh)
+        assert "\n" not in str(raised.value)
+        with pytest.raises(ValueError, match=rf"{field}={value} requested but {p2} holds static instances masked "
+                                             rf"with {field}={held}"):
+            _iterator(p2, **{field: value})
+    for field, value, error in (("masked_lm_prob", 1.5, r"masked_lm_prob=1.5 must be in \(0, 1\)"),
+                                ("short_seq_prob", -0.1, r"short_seq_prob=-0.1 must be in \[0, 1\]")):
+        bad = config.copy_and_resolve_references()
+        bad.phases[0][field] = value
+        with pytest.raises(ValueError, match=rf"^config.phases\[0\].{error}$"):
+            train.validate(bad, mesh)
+    it = _iterator(docs_dir, global_batch_size=8)
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    it.close()
+    with pytest.raises(ValueError, match="iterator state was drawn with do_whole_word_mask=False, this iterator "
+                                         "draws with do_whole_word_mask=True"):
+        _iterator(docs_dir, global_batch_size=8, do_whole_word_mask=True).set_state(state)
+    for key in pretraining.MASKING_FIELDS:  # a state of before the masking fields: drawn with the defaults
+        del state[key]
+    _iterator(docs_dir, global_batch_size=8).set_state(state)

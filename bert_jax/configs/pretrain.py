@@ -55,10 +55,18 @@ def model_config(size: str) -> ml_collections.ConfigDict:
 
 
 def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, data_dir: str,
-          batch_size: int, packing: bool = False) -> ml_collections.ConfigDict:
+          batch_size: int, packing: bool = False, masked_lm_prob: float = 0.15, do_whole_word_mask: bool = False,
+          short_seq_prob: float = 0.1) -> ml_collections.ConfigDict:
+    """One pre-training phase's fields (`bert_jax.train.resolve_phases` checks them). The instance and masking
+    fields carry create_pretraining_data.py's flag names and defaults: tokenized documents draw instances with
+    them; static instances were written with fixed ones, which must equal these (a one-line error names the
+    field otherwise)."""
     return ml_collections.ConfigDict(dict(
         max_seq_length=max_seq_length,  # sequence length of this phase's instances
-        max_predictions_per_seq=max_predictions_per_seq,  # masked positions per sequence
+        max_predictions_per_seq=max_predictions_per_seq,  # masked positions per sequence, at most
+        masked_lm_prob=masked_lm_prob,  # share of an instance's tokens masked (round(n * p), at least 1)
+        do_whole_word_mask=do_whole_word_mask,  # mask all WordPieces of a word together (Google's later models)
+        short_seq_prob=short_seq_prob,  # probability of a short target length, uniform in [2, max_seq_length - 3]
         fraction=fraction,  # share of total_steps spent in this phase
         data_dir=data_dir,  # create_pretraining_data output: instances, or documents (--tokenize_only)
         batch_size=batch_size,  # global batch, rows (sequences; packed: rows of several instances)

@@ -5,8 +5,11 @@
 
 --tokenize_only writes tokenized documents instead (`bert_jax.data.document_shards`: the corpus tokenized
 once into --num_shards ArrayRecord shards by --num_workers processes; `bert_jax.data.dynamic` draws
-instances and masks from them while training, a fresh draw each epoch): the instance flags are then
-unused, and a phase's data_dir may point at the output.
+instances and masks from them while training, a fresh draw each epoch), and a phase's data_dir may point at
+the output. The flags of instances (`STATIC_ONLY`: --max_seq_length, --max_predictions_per_seq,
+--masked_lm_prob, --do_whole_word_mask, --short_seq_prob, --short_seq_per_document, --dupe_factor,
+--random_seed) are then an error when given: the length and masking are each phase's config fields of
+`bert_jax.train` (`bert_jax.configs.pretrain.phase`), the seed its config.seed, and every epoch draws afresh.
 
 --runner (and Apache Beam's pipeline options after it, each as --name=value) runs the same preparation on
 Apache Beam (`bert_jax.data.beam_pipeline`: the same bytes; --num_workers is then the runner's business):
@@ -59,6 +62,34 @@ flags.DEFINE_string("runner", None, "Apache Beam runner (DirectRunner, DataflowR
                     "flags. Default: processes on this machine.")
 
 
+# The flags only static instances use -> what takes their place when `bert_jax.train` draws instances from
+# tokenized documents.
+_PHASE_FIELD = ("it is a phase config field of bert_jax.train when drawing instances while training "
+                "(--config.phases[i].{})")
+STATIC_ONLY = {
+    **{name: _PHASE_FIELD.format(name) for name in ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob",
+                                                    "do_whole_word_mask", "short_seq_prob")},
+    "short_seq_per_document": "bert_jax.train draws the short target length per instance when drawing instances "
+                              "while training",
+    "dupe_factor": "bert_jax.train draws new instances and masks every epoch when drawing instances while training",
+    "random_seed": "bert_jax.train seeds its draws with config.seed when drawing instances while training",
+}
+
+
+def check_tokenize_only_flags(flag_values=None) -> None:
+    """With --tokenize_only, no flag of `STATIC_ONLY` given on the command line (absl's `present`, even at its
+    default value): they would be dropped.
+
+    Raises:
+      ValueError: one line naming each such flag and what takes its place.
+    """
+    flag_values = flag_values or FLAGS
+    given = [name for name in STATIC_ONLY if flag_values[name].present]
+    if flag_values.tokenize_only and given:
+        raise ValueError("; ".join(f"--{name} applies to static instances only, not --tokenize_only: "
+                                   f"{STATIC_ONLY[name]}" for name in given))
+
+
 def main(argv):
     positional = [a for a in argv[1:] if not a.startswith("-")]
     if positional:
@@ -72,6 +103,7 @@ def main(argv):
     if bool(FLAGS.input_file) == bool(FLAGS.tfds_name):
         raise SystemExit("give exactly one of --input_file and --tfds_name")
     try:
+        check_tokenize_only_flags()
         storage.check_output_dir(FLAGS.output_dir, "--output_dir")
         tokenizer = tokenization.Tokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
         source = {"input_file": FLAGS.input_file, "tfds_name": FLAGS.tfds_name, "input_format": FLAGS.input_format}

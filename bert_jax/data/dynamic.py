@@ -2,8 +2,14 @@
 
 The static path (`pretraining.create_pretraining_data`) writes `dupe_factor` masked copies of the corpus;
 this one (as NVIDIA's LDDL and paxml do) tokenizes the corpus once and draws instances with the
-original's procedure (`pretraining.instances_from_document`: sentence pairs, 50% random next,
-short_seq_prob, 15% masking 80/10/10, whole-word option) while training, a fresh draw every epoch.
+original's procedure (`pretraining.instances_from_document`: sentence pairs, 50% random next, a short
+target with probability short_seq_prob, masked_lm_prob of the tokens masked 80/10/10, at most
+max_predictions_per_seq, whole words with do_whole_word_mask) while training, a fresh draw every epoch.
+The options are the `pretraining.InstanceOptions` given (a training phase's config fields,
+`bert_jax.configs.pretrain.phase`, through `pipeline.make_pretraining_iterator`), the same statistics as
+static instances written with those flags. Whole words are found as the static path finds them
+(`pretraining.VocabInfo`): a token whose vocabulary entry starts with "##" continues the word before it,
+read from the vocab.txt that `document_shards` writes beside the shards.
 
 The documents are tokenized once into sharded ArrayRecord files (`bert_jax.data.document_shards`;
 `python -m bert_jax.data.create_pretraining_data --tokenize_only`), read by random access: a document and
@@ -83,8 +89,9 @@ class FillRows(grain.transforms.Map):
     stream has too few short instances to fill those gaps).
 
     A filler is one instance of the original procedure (`pretraining.instances_from_document` with
-    limit=1) from a random sentence of a random document, with max_seq_length = the room left (its target
-    length, the short-target draw off) and at most the row's free prediction slots. It is an extra
+    limit=1) from a random sentence of a random document, with the stream's options (masked_lm_prob,
+    do_whole_word_mask) but max_seq_length = the room left (its target length, the short-target draw off)
+    and at most the row's free prediction slots. It is an extra
     instance: no instance of the stream is changed, and the rows hold more short instances than the
     original's short_seq_prob gives. The random generator is seeded by (seed, a hash of the row), so a row
     is filled the same way whenever it is packed: a resumed or re-run stream is unchanged, and the

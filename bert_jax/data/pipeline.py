@@ -60,7 +60,8 @@ Tokenized documents (a directory of `bert_jax.data.dynamic`, `create_pretraining
 the instances are drawn while reading (`dynamic.instance_stream`: documents shuffled per epoch and split
 between processes, each drawn with rng (seed, epoch, document), a window shuffle), then batched or packed
 as above; packed rows then get their free room filled (`fill_rows`, `dynamic.FillRows`: a stateless map
-seeded by each row's content); the state is grain's, as for packing.
+seeded by each row's content); the state is grain's, as for packing. Both draw with the masking given
+(masked_lm_prob, do_whole_word_mask, short_seq_prob; the original's defaults), which the state records.
 
 Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_prefetch and
 `grain.checkpoint.CheckpointSave/CheckpointRestore`); the batch fields are those of google-research/bert
@@ -194,12 +195,18 @@ class PackedPretrainingIterator(grain.DatasetIterator):
 
         Raises:
           ValueError: a state made with other settings (those of `PretrainingIterator`, the packing
-            settings, another process_count or worker_count), or without grain's state.
+            settings, another process_count or worker_count, other masking of tokenized documents), or
+            without grain's state.
         """
         for key in _PACKED_STATE_KEYS:
             saved = state.get(key, False if key == "fill_rows" else None)  # states before fill_rows: none
             if saved != self._settings[key]:
                 raise ValueError(f"iterator state has {key}={saved!r}, this iterator "
+                                 f"{key}={self._settings[key]!r}")
+        for key in pretraining.MASKING_FIELDS:  # tokenized documents: the masking drawn
+            saved = state.get(key, getattr(pretraining.InstanceOptions, key))
+            if key in self._settings and saved != self._settings[key]:
+                raise ValueError(f"iterator state was drawn with {key}={saved!r}, this iterator draws with "
                                  f"{key}={self._settings[key]!r}")
         if state.get("worker_count", 0) != self._settings["worker_count"]:  # grain's state differs with workers
             raise ValueError(f"iterator state was saved with worker_count={state.get('worker_count', 0)}, this "
@@ -232,7 +239,8 @@ def _decode_unpadded(record: bytes, max_seq_length: int, max_predictions_per_seq
 def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
                               num_epochs: int | None = None, process_index: int | None = None,
                               process_count: int | None = None, max_seq_length: int | None = None,
-                              max_predictions_per_seq: int | None = None,
+                              max_predictions_per_seq: int | None = None, masked_lm_prob: float | None = None,
+                              do_whole_word_mask: bool | None = None, short_seq_prob: float | None = None,
                               worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
                               num_packing_bins: int | None = None, fill_rows: bool = True,
                               stream: stream_lib.Stream | None = None) -> PretrainingIterator | PackedPretrainingIterator:
@@ -248,8 +256,12 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       process_index, process_count: this process's slot; default jax.process_index() and
         jax.process_count().
       max_seq_length, max_predictions_per_seq: if given, must equal the directory's (metadata flags); for
-        tokenized documents, required: the instances to draw (the original's other flags at their
-        defaults, `pretraining.InstanceOptions`).
+        tokenized documents, required: the instances to draw.
+      masked_lm_prob, do_whole_word_mask, short_seq_prob: the masking (`pretraining.MASKING_FIELDS`; None:
+        the data's for static instances, the original's defaults, `pretraining.InstanceOptions`, for
+        tokenized documents). Static instances were masked when written: a value given must equal their
+        metadata flag. Tokenized documents: the instances drawn (packed rows' fillers too) use them, whole
+        words from the `##` pieces of the documents' vocab.txt.
       worker_count: grain worker processes (0: in this process, with threads): decoding static instances
         (batches, or instances before packing), or drawing instances from tokenized documents; the same
         stream for every count.
@@ -269,13 +281,15 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
     Raises:
       FileNotFoundError: `path` has no metadata.json (incomplete or not an output), or a shard is
         missing.
-      ValueError: global_batch_size not divisible by process_count, a bad argument, lengths that differ
-        from the metadata (or none given for documents), an unknown format version, or shards not
-        holding the recorded count.
+      ValueError: global_batch_size not divisible by process_count, a bad argument (`InstanceOptions.validate`
+        for documents), lengths or masking that differ from static instances' metadata (or no lengths given
+        for documents), an unknown format version, or shards not holding the recorded count.
     """
     metadata = formats.read_metadata(path)
     formats.check_version(path, metadata)
     documents = formats.is_documents(metadata)
+    masking = {"masked_lm_prob": masked_lm_prob, "do_whole_word_mask": do_whole_word_mask,
+               "short_seq_prob": short_seq_prob}
     if documents:
         if max_seq_length is None or max_predictions_per_seq is None:
             raise ValueError(f"{path} holds tokenized documents: give max_seq_length and max_predictions_per_seq")
@@ -287,6 +301,11 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                              ("max_predictions_per_seq", max_predictions_per_seq)):
             if wanted is not None and wanted != flags[name]:
                 raise ValueError(f"{name}={wanted} requested but {path} holds {name}={flags[name]}")
+        mismatch = pretraining.masking_mismatch(flags, masking)
+        if mismatch:
+            name, wanted, held = mismatch
+            raise ValueError(f"{name}={wanted} requested but {path} holds static instances masked with "
+                             f"{name}={held} (fixed when they were written)")
     if process_index is None or process_count is None:
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
@@ -311,7 +330,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
     length, predictions = flags["max_seq_length"], flags["max_predictions_per_seq"]
     if documents:
         num_instances = int(metadata["num_documents"])  # the stream's unit: documents
-        options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions)
+        given = {k: (bool if k == "do_whole_word_mask" else float)(v) for k, v in masking.items() if v is not None}
+        options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions, **given)
         records = dynamic.instance_stream(path, metadata, options, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                                           process_index=process_index, process_count=process_count,
                                           read_options=_READ_OPTIONS, worker_count=worker_count, order=stream)
@@ -353,6 +373,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                     "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions,
                     "worker_count": worker_count, "fill_rows": bool(packing and fill_rows),
                     stream_lib.STATE_KEY: stream.to_state()}
+        if documents:  # what was drawn; a state without them was drawn with the defaults
+            settings.update({name: getattr(options, name) for name in pretraining.MASKING_FIELDS})
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,
                                          settings=settings)
     ds = ds.batch(local_batch_size, drop_remainder=True,

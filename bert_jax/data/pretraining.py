@@ -90,6 +90,28 @@ class InstanceOptions:
             raise ValueError(f"short_seq_prob={self.short_seq_prob} must be in [0, 1]")
 
 
+# The options that decide how instances are masked and cut: fixed in static instances when they are written
+# (their metadata.json flags), drawn afresh with each phase's values on tokenized documents (`bert_jax.data.dynamic`;
+# `bert_jax.configs.pretrain.phase` carries them, with the original's flag names and defaults).
+MASKING_FIELDS = ("masked_lm_prob", "do_whole_word_mask", "short_seq_prob")
+
+
+def masking_mismatch(flags: dict, wanted: dict) -> tuple[str, Any, Any] | None:
+    """The first of MASKING_FIELDS whose value in `wanted` (None or absent: any) differs from static instances'
+    metadata.json `flags` (absent there: the `InstanceOptions` default) -> (name, wanted value, the data's
+    value), or None where all agree. Probabilities are compared to 1e-9."""
+    for name in MASKING_FIELDS:
+        want = wanted.get(name)
+        if want is None:
+            continue
+        held = flags.get(name, getattr(InstanceOptions, name))
+        same = bool(want) == bool(held) if isinstance(held, bool) or isinstance(want, bool) else \
+            abs(float(want) - float(held)) <= 1e-9
+        if not same:
+            return name, want, held
+    return None
+
+
 # ----------------------------------------------------------------------------- instances
 
 
