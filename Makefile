@@ -1,4 +1,5 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
+# Both install the exact versions of constraints.txt (setup.cfg holds ranges).
 # `make demo` installs only the package (what the demo needs); `make test` adds the test extra (the
 # reference implementation: torch, transformers), the tpu extra (libtpu: the tests compile TPU programs ahead of time) and the tf
 # extra (TensorFlow's checkpoint reader, for Google's original checkpoints).
@@ -13,12 +14,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-$(DEMO_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -e .
+$(DEMO_STAMP): setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -c constraints.txt -e .
 	touch $(DEMO_STAMP)
 
-$(TEST_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -e '.[test,tpu,tf]'
+$(TEST_STAMP): setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,tpu,tf]'
 	touch $(TEST_STAMP)
 
 # Task files for the demo's fine-tuning stages (and their training text for its corpus): SQuAD in

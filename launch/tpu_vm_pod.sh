@@ -122,7 +122,7 @@ trap 'exit 143' TERM
 FIND_PYTHON='PY=$(command -v python3.11 || true); if [ -z "$PY" ]; then if python3 -c "import sys; sys.exit(sys.version_info < (3, 11))"; then PY=python3; else python3 -m pip install -q --user uv && ~/.local/bin/uv python install 3.11 && PY=$(~/.local/bin/uv python find 3.11); fi; fi'
 # The package only: the committed sources (git archive of HEAD) in a checkout, else the same paths from
 # the tree; built locally even with --dry_run.
-SHIP=(bert_jax setup.cfg pyproject.toml README.md)
+SHIP=(bert_jax setup.cfg pyproject.toml constraints.txt README.md)
 if git -C "$SRC" rev-parse --verify -q HEAD > /dev/null 2>&1; then
   if [[ -n $(git -C "$SRC" status --porcelain -- "${SHIP[@]}" 2>/dev/null) ]]; then
     echo "tpu_vm_pod.sh: uncommitted changes under ${SHIP[*]} are not shipped (git archive of HEAD)" >&2
@@ -136,7 +136,7 @@ fi
 if [[ $DRY_RUN == 1 ]]; then echo "archive: $ARCHIVE"; fi
 run "${TPU[@]}" scp "$ARCHIVE" "$NAME:~/bert_jax_src.tgz" --zone "$ZONE" --worker=all
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \
-  "rm -rf $PROJECT_DIR && mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -e '.[tpu,gcs]'"
+  "rm -rf $PROJECT_DIR && mkdir -p $PROJECT_DIR && tar -xzf bert_jax_src.tgz -C $PROJECT_DIR && cd $PROJECT_DIR && $FIND_PYTHON && \$PY -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[tpu,gcs]'"
 # Every worker runs the same program; jax.distributed finds the pod's other hosts itself. Each worker
 # keeps the process id in run.pid.
 run "${TPU[@]}" ssh "$NAME" --zone "$ZONE" --worker=all --command \

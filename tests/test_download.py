@@ -206,7 +206,7 @@ def _make(tmp_path, *args, **env):
     venv stamp already made (nothing installed), with this interpreter as the venv's and this tree's package."""
     repo = tmp_path / "repo"
     repo.mkdir(exist_ok=True)
-    for name in ("Makefile", "setup.cfg", "pyproject.toml"):
+    for name in ("Makefile", "setup.cfg", "pyproject.toml", "constraints.txt"):
         shutil.copyfile(ROOT / name, repo / name)
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
@@ -247,4 +247,4 @@ def test_make_test_without_network_says_what_to_set(tmp_path):
                                                           "http://127.0.0.1:9/squad/train-v1.1.json"), result.stderr
     assert "set BERT_JAX_DATA to a folder with the shared data, or rerun with a network" in lines[0]
     assert len(lines) <= 2 and (len(lines) == 1 or lines[1].startswith("make: ***")), result.stderr  # make's own
-    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["Makefile", "pyproject.toml", "setup.cfg"]
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["Makefile", "constraints.txt", "pyproject.toml", "setup.cfg"]
