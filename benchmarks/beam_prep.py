@@ -57,9 +57,10 @@ def main():
         tmp = pathlib.Path(tmp)
         (tmp / "corpus").mkdir()
         common = [f"--input_file={split(args.corpus, args.files, tmp / 'corpus')}", f"--vocab_file={args.vocab}",
-                  "--num_shards=8", "--max_seq_length=128", "--max_predictions_per_seq=20", "--dupe_factor=1"]
+                  "--num_shards=8"]
+        static = ["--max_seq_length=128", "--max_predictions_per_seq=20", "--dupe_factor=1"]  # not --tokenize_only's
         print(f"{'output':<12}{'run':<30}{'tokens':>10}{'seconds':>9}{'tokens/s':>11}{'x local':>9}")
-        for kind, flags in (("documents", ["--tokenize_only"]), ("instances", [])):
+        for kind, flags in (("documents", ["--tokenize_only"]), ("instances", static)):
             local_seconds = None
             for name, extra in (("local, 1 process", ["--num_workers=1"]), ("local, 2 workers", ["--num_workers=2"]),
                                 ("Beam DirectRunner, 2 workers", BEAM)):

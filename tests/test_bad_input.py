@@ -71,6 +71,17 @@ def test_create_pretraining_data(inputs):
                   "inside", "not a directory")
     check_refused(tmp, ["bert_jax.data.create_pretraining_data", f"--vocab_file={tmp / 'binary.txt'}",
                         f"--input_file={tmp / 'corpus.txt'}", f"--output_dir={tmp / 'out'}"], "binary.txt", "UTF-8")
+    # Flags of static instances with --tokenize_only (given explicitly, even at their defaults): not dropped.
+    tokenize = base + ["--tokenize_only", f"--input_file={tmp / 'corpus.txt'}", f"--output_dir={tmp / 'out'}"]
+    for flag in ("--do_whole_word_mask", "--nodo_whole_word_mask", "--masked_lm_prob=0.2", "--short_seq_prob=0.1",
+                 "--max_predictions_per_seq=20", "--max_seq_length=512"):
+        name = flag.split("=")[0].removeprefix("--").removeprefix("no")
+        check_refused(tmp, tokenize + [flag], f"create_pretraining_data: --{name} applies to static instances only, "
+                      f"not --tokenize_only: it is a phase config field of bert_jax.train when drawing instances "
+                      f"while training (--config.phases[i].{name})")
+    check_refused(tmp, tokenize + ["--dupe_factor=5", "--random_seed=1"], "--dupe_factor applies to static",
+                  "new instances and masks every epoch", "--random_seed applies to static", "config.seed")
+    check_refused(tmp, tokenize + ["--short_seq_per_document"], "--short_seq_per_document applies to static")
 
 
 def test_vocab(inputs):
@@ -115,6 +126,10 @@ def test_train(inputs, instances):
                   "train: config.phases[0].batch_size=-4 must be at least 1")
     check_refused(tmp, base + [f"--workdir={tmp / 'run'}", f"--config.phases[1].data_dir={tmp}"],
                   "train: ", "no metadata.json")
+    check_refused(tmp, base + [f"--workdir={tmp / 'run'}", "--config.phases[0].do_whole_word_mask=True"],
+                  f"train: config.phases[0].do_whole_word_mask=True but {instances / 'p1'} holds static instances "
+                  "masked with do_whole_word_mask=False (fixed when they were written): set "
+                  "config.phases[0].do_whole_word_mask=False")
 
 
 def test_command_line_errors(inputs):

@@ -433,7 +433,7 @@ def test_whole_word_masking_masks_whole_words_on_both_paths(drawn, tokenizer):
             counts[name, path] = x.words(is_continuation)
     for path in ("static", "dynamic"):
         words, partial = counts["whole_words", path]
-        assert words > 10_000 and partial == 0, (path, words, partial)
+        assert words > 5000 and partial == 0, (path, words, partial)
         words, partial = counts["defaults", path]
         assert partial > 0.05 * words, (path, words, partial)  # 15% of the pieces, drawn one by one
     shares = {}
@@ -497,10 +497,16 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
     default = pretrain.phase(128, 20, 1.0, "", 8)
     assert (default.masked_lm_prob, default.do_whole_word_mask, default.short_seq_prob) == (0.15, False, 0.1)
     _, docs_dir, _ = masking_corpus
-    config = pretrain.get_config("tiny")
-    config.phases[0].data_dir = str(docs_dir)
-    config.phases[0].do_whole_word_mask = True
-    config.phases[1].data_dir = str(instances / "p2")
+
+    def tiny(phase: int = 0, **fields):
+        config = pretrain.get_config("tiny")
+        config.phases[0].data_dir = str(docs_dir)
+        config.phases[0].do_whole_word_mask = True
+        config.phases[1].data_dir = str(instances / "p2")
+        config.phases[phase].update(fields)
+        return config
+
+    config = tiny()
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     phases = train.validate(config, mesh)
     assert phases[0].masking() == dict(masked_lm_prob=0.15, do_whole_word_mask=True, short_seq_prob=0.1)
@@ -514,22 +520,18 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
     p2 = instances / "p2"
     for field, value, held in (("do_whole_word_mask", True, False), ("masked_lm_prob", 0.2, 0.15),
                                ("short_seq_prob", 0.0, 0.1)):
-        bad = config.copy_and_resolve_references()
-        bad.phases[1][field] = value
         message = (rf"config.phases\[1\].{field}={value} but {p2} holds static instances masked with {field}={held} "
                    rf"\(fixed when they were written\): set config.phases\[1\].{field}={held}")
         with pytest.raises(ValueError, match=message) as raised:
-            train.validate(bad, mesh)
+            train.validate(tiny(1, **{field: value}), mesh)
         assert "\n" not in str(raised.value)
         with pytest.raises(ValueError, match=rf"{field}={value} requested but {p2} holds static instances masked "
                                              rf"with {field}={held}"):
             _iterator(p2, **{field: value})
     for field, value, error in (("masked_lm_prob", 1.5, r"masked_lm_prob=1.5 must be in \(0, 1\)"),
                                 ("short_seq_prob", -0.1, r"short_seq_prob=-0.1 must be in \[0, 1\]")):
-        bad = config.copy_and_resolve_references()
-        bad.phases[0][field] = value
         with pytest.raises(ValueError, match=rf"^config.phases\[0\].{error}$"):
-            train.validate(bad, mesh)
+            train.validate(tiny(0, **{field: value}), mesh)
     it = _iterator(docs_dir, global_batch_size=8)
     next(it)
     state = json.loads(json.dumps(it.get_state()))

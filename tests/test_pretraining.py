@@ -314,3 +314,16 @@ def test_empty_documents_are_dropped(tokenizer, tmp_path):
     assert store.num_documents == 2 and dropped == 1
     assert np.diff(store.document_starts).tolist() == [2, 1]
     assert np.diff(store.sentence_starts).tolist() == [2, 1, 3]
+
+
+def test_masking_mismatch_names_the_first_differing_field():
+    """`masking_mismatch`: static instances' metadata flags against wanted masking (None: any; a flag absent
+    from old metadata: the InstanceOptions default), probabilities to 1e-9."""
+    flags = dict(masked_lm_prob=0.15, do_whole_word_mask=True, short_seq_prob=0.1)
+    assert pt.masking_mismatch(flags, {}) is None
+    assert pt.masking_mismatch(flags, dict(masked_lm_prob=0.15 + 1e-12, do_whole_word_mask=True,
+                                           short_seq_prob=None)) is None
+    assert pt.masking_mismatch(flags, dict(do_whole_word_mask=False)) == ("do_whole_word_mask", False, True)
+    assert pt.masking_mismatch(flags, dict(masked_lm_prob=0.2, short_seq_prob=0.0)) == ("masked_lm_prob", 0.2, 0.15)
+    assert pt.masking_mismatch({}, dict(short_seq_prob=0.5)) == ("short_seq_prob", 0.5, 0.1)
+    assert pt.MASKING_FIELDS == ("masked_lm_prob", "do_whole_word_mask", "short_seq_prob")
