@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.bert_config import BERT_CONFIG_FIELDS, REMAT_POLICIES, BertConfig  # noqa: F401
+from bert_jax.kernels.dropout import seeds as dropout_seeds
 from bert_jax.layers import activation, dense, dropout, gather_positions, initializer, kernel_set, layer_norm, param
 
 Array = jax.Array
@@ -394,7 +395,7 @@ class AttentionOp(nn.Module):
         if ops.attention is None or (ops.attention_applies is not None and not ops.attention_applies(
                 jnp.dtype(c.dtype), c.head_size, length, dropout_active)):
             return None
-        if dropout_active:
+        if dropout_active and not ops.attention_dropout:
             raise ValueError(f"model.kernels={c.kernels!r} has no attention-probability dropout: set "
                              f"attention_probs_dropout_prob=0 (it is {c.attention_probs_dropout_prob})")
         return ops.attention
@@ -413,15 +414,20 @@ class AttentionOp(nn.Module):
         context [B, Q, N, H] in config.dtype.
 
         Raises:
-          ValueError: a kernel set with its own attention (no dropout) while attention_probs_dropout_prob > 0
-            and deterministic is False.
+          ValueError: a kernel set whose attention draws no dropout (`Kernels.attention_dropout` False) taking
+            the layer while attention_probs_dropout_prob > 0 and deterministic is False.
           TypeError: mask.bias does not broadcast to the scores [B, N, Q, L].
           flax.errors.InvalidRngError: deterministic=False without a "dropout" PRNG stream.
         """
         c = self.config
         dtype, scale = jnp.dtype(c.dtype), math.sqrt(c.head_size)
         kernel = self._kernel(key.shape[2], deterministic)
-        if kernel is not None:
+        if kernel is not None and c.attention_probs_dropout_prob > 0 and not deterministic:
+            # The kernel draws the mask the reference path's dropout module (same name, same key) would draw.
+            seed = dropout_seeds(kernel_set(c).dropout(c.attention_probs_dropout_prob).make_rng("dropout"))
+            context = kernel((query / scale).astype(dtype), key, value, mask.segment_ids,
+                             dropout_rate=c.attention_probs_dropout_prob, seed=seed)  # [B, N, L, H]
+        elif kernel is not None:
             context = kernel((query / scale).astype(dtype), key, value, mask.segment_ids)  # [B, N, L, H]
         else:
             scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import kernels, layers, losses, modeling
+from bert_jax import kernels, layers, losses, modeling, sharding
 from bert_jax.kernels import dropout as hashed, gpu, reference, xla_cpu
 
 SETS = ["reference", "xla_cpu"]
@@ -30,7 +30,7 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     # The gpu set: the reference forms, the hashed dropout and cuDNN's attention where it applies, nothing else.
     assert gpu.KERNELS.dropout is hashed.HashedDropout
     assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
-                               dropout=nn.Dropout) == reference.KERNELS
+                               attention_dropout=False, dropout=nn.Dropout) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU and the hashed dropout, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu and tpu.dropout is hashed.HashedDropout
     assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu, dropout=nn.Dropout) == reference.KERNELS
@@ -279,15 +279,21 @@ def test_swapped_replaces_one_operation_for_the_block_only():
 # ----------------------------------------------------------------------------- the gpu set's attention
 
 
-def test_gpu_attention_applies_where_cudnn_takes_the_layer():
-    """cuDNN's fused attention (jax's check_is_flash_attention): bfloat16 / float16, head size a multiple of 8
-    up to 128, an even length with a mask, and no attention dropout; the reference path elsewhere."""
+def test_gpu_attention_applies_where_a_fused_kernel_takes_the_layer():
+    """Without attention dropout, cuDNN's fused attention (jax's check_is_flash_attention): bfloat16 / float16,
+    head size a multiple of 8 up to 128, an even length with a mask. With it, flash_gpu: the same dtypes and
+    head sizes, a length its 64-token block divides (or a power-of-two length of at least 16). The reference
+    path elsewhere."""
     assert gpu.applies(jnp.bfloat16, 64, 128, False) and gpu.applies("float16", 128, 512, False)
     assert not gpu.applies(jnp.float32, 64, 128, False)  # float32: no cuDNN flash attention
     assert not gpu.applies(jnp.bfloat16, 4, 128, False) and not gpu.applies(jnp.bfloat16, 12, 128, False)
     assert not gpu.applies(jnp.bfloat16, 256, 128, False)  # over the pre-Hopper bound
     assert not gpu.applies(jnp.bfloat16, 64, 127, False)  # an odd length with a mask
-    assert not gpu.applies(jnp.bfloat16, 64, 128, True)  # attention dropout: the kernel draws none
+    # attention dropout: flash_gpu at BERT's shapes (Base / Large heads of 64, lengths 128 and 512)
+    assert gpu.applies(jnp.bfloat16, 64, 128, True) and gpu.applies(jnp.bfloat16, 64, 512, True)
+    assert gpu.applies("float16", 32, 32, True) and not gpu.applies(jnp.float32, 64, 128, True)
+    assert not gpu.applies(jnp.bfloat16, 64, 96, True)  # 96: neither a multiple of 64 nor a power of two
+    assert not gpu.applies(jnp.bfloat16, 12, 128, True) and not gpu.applies(jnp.bfloat16, 64, 8, True)
 
 
 def _segments(length):
@@ -329,13 +335,16 @@ def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch)
 
 @pytest.mark.slow
 def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
-    """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes the kernel
-    (the same logits as the reference set within bfloat16's tolerance); float32, and a bfloat16 training pass
-    with attention dropout, take the reference path: the reference set's outputs exactly (with the hashed dropout)."""
+    """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes cuDNN's
+    kernel, and a bfloat16 training pass with attention dropout 0.1 takes flash_gpu (interpreted), both with the
+    logits of the reference set (with the hashed dropout: the same masks) within bfloat16's tolerance, the latter
+    also jitted on a data=2 x tensor=2 mesh (flash_gpu per device under shard_map); float32 takes the reference
+    path: the reference set's outputs exactly."""
     monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
+    monkeypatch.setattr(gpu, "INTERPRET", True)
     calls = []
     monkeypatch.setattr(gpu, "KERNELS", dataclasses.replace(
-        gpu.KERNELS, attention=lambda *a: calls.append(1) or gpu.attention(*a)))
+        gpu.KERNELS, attention=lambda *a, **kw: calls.append(1) or gpu.attention(*a, **kw)))
     length = 32
     segments = _segments(length)
     starts = [[0, 12, 20], [0, 0, 0]]
@@ -348,7 +357,7 @@ def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
     packed = dict(segment_ids=segments, position_ids=jnp.asarray(positions),
                   next_sentence_positions=jnp.array([[0, 12, 20], [0, 0, 0]]))
 
-    def run(name, dtype, dropout, deterministic=True):
+    def run(name, dtype, dropout, deterministic=True, jit=False, key=2):
         config = modeling.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=64, dtype=dtype, kernels=name,
                                      attention_probs_dropout_prob=dropout)
@@ -356,18 +365,32 @@ def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
         params = model.init(jax.random.PRNGKey(0), inputs["input_ids"][:1],
                             masked_lm_positions=inputs["masked_lm_positions"][:1])["params"]
         calls.clear()
-        out = model.apply({"params": params}, **inputs, **packed, deterministic=deterministic,
-                          rngs={"dropout": jax.random.PRNGKey(2)})
+
+        def apply(params, inputs, packed):
+            return model.apply({"params": params}, **inputs, **packed, deterministic=deterministic,
+                               rngs={"dropout": jax.random.PRNGKey(key)})
+
+        out = (jax.jit(apply) if jit else apply)(params, inputs, packed)
         return (np.asarray(out.mlm_logits, np.float32), np.asarray(out.nsp_logits, np.float32)), len(calls)
 
-    (got, used), (want, _) = run("gpu", "bfloat16", 0.0), run("reference", "bfloat16", 0.0)
-    assert used == 2  # the kernel took both layers
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=5e-2, rtol=5e-2)
-    for dtype, dropout, deterministic in (("float32", 0.0, True), ("bfloat16", 0.1, False)):
-        got, used = run("gpu", dtype, dropout, deterministic)
+    for dropout, deterministic in ((0.0, True), (0.1, False)):
+        got, used = run("gpu", "bfloat16", dropout, deterministic)
         with kernels.swapped("reference", "dropout"):  # the gpu set's dropout is the hashed one
-            want, _ = run("reference", dtype, dropout, deterministic)
-        assert used == 0  # the reference path, not the kernel
+            want, _ = run("reference", "bfloat16", dropout, deterministic)
+        assert used == 2  # a kernel took both layers
         for g, w in zip(got, want):
-            np.testing.assert_array_equal(g, w)
+            np.testing.assert_allclose(g, w, atol=5e-2, rtol=5e-2)
+        if dropout:
+            mesh = sharding.make_mesh(2, 1, 2, jax.devices()[:4])
+            with jax.set_mesh(mesh):
+                meshed, used = run("gpu", "bfloat16", dropout, deterministic, jit=True)
+            assert used == 2
+            for g, w in zip(meshed, got):
+                np.testing.assert_allclose(g, w, atol=5e-2, rtol=5e-2)
+            other, _ = run("gpu", "bfloat16", dropout, deterministic, key=3)  # another step: other masks
+            assert np.abs(other[0] - got[0]).max() > 0.1
+    got, used = run("gpu", "float32", 0.0, True)
+    want, _ = run("reference", "float32", 0.0, True)
+    assert used == 0  # the reference path, not the kernel
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

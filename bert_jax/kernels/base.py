@@ -24,10 +24,14 @@ class Kernels:
       dropout: a flax module class, called `dropout(rate)(x, deterministic=...)`: inverted dropout on
         the "dropout" PRNG stream.
       attention: None (the model's own attention), or (query [B, N, L, H] scaled, key, value,
-        segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids, no dropout.
+        segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids; with
+        `attention_dropout`, also called as (..., dropout_rate=rate, seed=uint32 [2]) in a training pass with
+        attention-probability dropout (`bert_jax.kernels.dropout.seeds` of the "dropout" stream).
       attention_applies: None (`attention` takes every layer, and a training pass with attention dropout is
-        an error), or (compute dtype, head size H, length L, attention dropout active) -> whether
-        `attention` takes the layer; where not, the model's own attention (the reference path).
+        an error unless `attention_dropout`), or (compute dtype, head size H, length L, attention dropout
+        active) -> whether `attention` takes the layer; where not, the model's own attention (the reference path).
+      attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
+        `bert_jax.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
     """
 
     name: str
@@ -37,3 +41,10 @@ class Kernels:
     dropout: Any
     attention: Callable | None = None
     attention_applies: Callable[[Any, int, int, bool], bool] | None = None
+    attention_dropout: bool = False
+
+
+# The mesh axes a kernel that runs per device (Pallas) splits the batch and the heads over (`bert_jax.sharding`'s
+# logical rules: "batch" -> ("data", "fsdp"), "heads" -> "tensor").
+BATCH_AXES = ("data", "fsdp")
+HEADS_AXIS = "tensor"

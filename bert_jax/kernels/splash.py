@@ -27,10 +27,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from bert_jax.kernels import tpu
+from bert_jax.kernels.base import BATCH_AXES, HEADS_AXIS
 
-BATCH_AXES = ("data", "fsdp")
 BLOCK = 128  # the kernel's default block along both sequence axes
-HEADS_AXIS = "tensor"
 
 
 def _local_attention(query, key, value, segment_ids, interpret: bool):

@@ -1,0 +1,146 @@
+"""`bert_jax.kernels.flash_gpu`: the fused attention with in-kernel dropout, run in Pallas's interpreter on the CPU,
+against an independent reference in plain jnp (softmax(q k^T + segment mask), the probabilities dropped with
+`bert_jax.kernels.dropout.keep_mask` of the same key, then @ v), in value and gradient, float32 and bfloat16,
+with and without dropout, on a padded row (attention_mask as segment ids) and a packed row (three segments and
+padding) in one batch. Then the mask itself (recovered through an identity value: exactly keep_mask's, keeps
+~0.9, independent across seeds, the same for other block sizes and for a shard of the batch and heads), and the
+one-line errors."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.kernels import dropout, flash_gpu
+
+pytestmark = pytest.mark.unit  # about 18 s in all on a 2-core CPU (interpreted kernels; compilation dominates)
+
+B, N, L, H = 2, 2, 64, 32
+# Row 0: a padded row (attention_mask: 50 real tokens, then padding). Row 1: a packed row, three segments
+# and padding; segment 3 starts after two 16-token key blocks that are all other segments.
+SEGMENTS = np.array([[1] * 50 + [0] * 14, [1] * 10 + [2] * 30 + [3] * 17 + [0] * 7], np.int32)
+
+
+def reference(q, k, v, segment_ids, rate, rng):
+    """softmax(q k^T + mask) in float32, inverted dropout with keep_mask's mask (HashedDropout's arithmetic),
+    cast to the input dtype, @ v."""
+    scores = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    probs = jax.nn.softmax(scores + jnp.where(same, 0.0, jnp.finfo(jnp.float32).min), axis=-1)
+    if rate:
+        keep, keep_prob = dropout.keep_mask(rng, probs.shape, rate)
+        probs = jnp.where(keep, probs * jnp.float32(1.0 / keep_prob), 0.0)
+    return jnp.einsum("bnqk,bnkh->bnqh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+
+
+def _inputs(dtype, head=H, length=L, key=0):
+    kq, kk, kv, kw = jax.random.split(jax.random.key(key), 4)
+    q = jax.random.normal(kq, (B, N, length, head)) / np.sqrt(head)
+    k, v = jax.random.normal(kk, (B, N, length, head)), jax.random.normal(kv, (B, N, length, head))
+    weight = jax.random.normal(kw, (B, N, length, head))
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype), weight
+
+
+@functools.partial(jax.jit, static_argnames=("rate", "block_q", "block_k"))
+def _value_and_grads(q, k, v, weight, segment_ids, rng, rate, block_q, block_k):
+    """(value, dq, dk, dv) of the kernel and of the reference for loss = sum(out * weight)."""
+    kernel = functools.partial(flash_gpu.attention, segment_ids=segment_ids, dropout_rate=rate,
+                               seed=flash_gpu.seeds(rng), block_q=block_q, block_k=block_k, interpret=True)
+    plain = functools.partial(reference, segment_ids=segment_ids, rate=rate, rng=rng)
+    results = []
+    for f in (kernel, plain):
+        out, vjp = jax.vjp(f, q, k, v)
+        results.append((out, *vjp(weight.astype(out.dtype))))
+    return results
+
+
+# Each case its own tiling (query block x key block): all equal the reference, so the result does not depend on
+# it. H = 24 is padded to 32 inside the kernel (Triton's power-of-two tiles).
+@pytest.mark.parametrize("dtype,rate,block_q,block_k,head", [
+    ("float32", 0.0, 32, 16, 32), ("float32", 0.1, 16, 64, 32), ("bfloat16", 0.0, 64, 32, 24),
+    ("bfloat16", 0.1, 32, 16, 32)])
+def test_value_and_gradients_equal_the_reference(dtype, rate, block_q, block_k, head):
+    """Context and d query, d key, d value against autodiff of the reference: float32 to 5e-6, bfloat16 to
+    bfloat16 rounding (the reference also rounds its probabilities to bfloat16 before @ v), relative to the
+    largest entry. Every output and gradient is finite: no softmax row is empty (padding attends to padding)."""
+    q, k, v, weight = _inputs(jnp.dtype(dtype), head=head)
+    got, want = _value_and_grads(q, k, v, weight, jnp.asarray(SEGMENTS), jax.random.key(7), rate, block_q, block_k)
+    for name, g, w in zip(("context", "dq", "dk", "dv"), got, want):
+        assert g.dtype == w.dtype == jnp.dtype(dtype) and g.shape == w.shape, name
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        assert np.isfinite(g).all(), name
+        scale = np.abs(w).max()
+        tol = 5e-6 if dtype == "float32" else 2e-2
+        np.testing.assert_allclose(g / scale, w / scale, rtol=0, atol=tol, err_msg=name)
+
+
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
+def _implied_mask(seed, block_q, block_k, lead_hashes=None):
+    """The kept entries of the [b, n, L, L] probabilities: uniform attention over one segment (q = 0) of an
+    identity value (H = L) gives context[b, n, q, k] = keep[b, n, q, k] / (L * keep_prob)."""
+    batch, heads = (B, N) if lead_hashes is None else lead_hashes.shape
+    q = jnp.zeros((batch, heads, L, L), jnp.float32)
+    v = jnp.broadcast_to(jnp.eye(L, dtype=jnp.float32), q.shape)
+    out = flash_gpu.attention(q, q, v, jnp.ones((batch, L), jnp.int32), dropout_rate=0.1, seed=seed,
+                              lead_hashes=lead_hashes, block_q=block_q, block_k=block_k, interpret=True)
+    return out * (L * (1.0 - dropout.threshold(0.1) / dropout.RESOLUTION)) > 0.5
+
+
+def test_the_mask_is_keep_masks_keeps_0_9_is_independent_across_seeds_and_blocks_and_shards():
+    rng_a, rng_b = jax.random.key(1), jax.random.key(2)
+    seed_a, seed_b = flash_gpu.seeds(rng_a), flash_gpu.seeds(rng_b)
+    assert seed_a.dtype == jnp.uint32 and seed_a.shape == (2,)
+    mask_a = np.asarray(_implied_mask(seed_a, 32, 32))
+    # Exactly the reference's mask for the [B, N, L, L] probabilities and the same key.
+    np.testing.assert_array_equal(mask_a, np.asarray(dropout.keep_mask(rng_a, (B, N, L, L), 0.1)[0]))
+    # Keeps 0.9 (16384 draws: standard deviation 0.0023), per head too; another seed draws another mask.
+    assert abs(mask_a.mean() - 0.9) < 0.01 and np.all(np.abs(mask_a.mean(axis=(2, 3)) - 0.9) < 0.03)
+    mask_b = np.asarray(_implied_mask(seed_b, 32, 32))
+    assert abs(mask_b.mean() - 0.9) < 0.01
+    assert abs((mask_a == mask_b).mean() - (0.9 ** 2 + 0.1 ** 2)) < 0.015  # independent: agree 82% of the time
+    assert abs((mask_a & mask_b).mean() - 0.81) < 0.015
+    # Another tiling draws the same mask.
+    np.testing.assert_array_equal(np.asarray(_implied_mask(seed_a, 16, 64)), mask_a)
+    # A shard (batch row 1, head 1) given its slice of the global lead hashes draws its slice of the mask.
+    shard = flash_gpu.make_lead_hashes(seed_a, B, N)[1:, 1:]
+    np.testing.assert_array_equal(np.asarray(_implied_mask(seed_a, 32, 32, shard)), mask_a[1:, 1:])
+
+
+def test_bad_inputs_raise_one_line_value_errors():
+    q = jnp.zeros((1, 1, 48, 32), jnp.float32)
+    seg = jnp.ones((1, 48), jnp.int32)
+    seed = flash_gpu.seeds(jax.random.key(0))
+    cases = [
+        (dict(block_q=32), "flash attention needs a length divisible by block_q=32, got 48"),
+        (dict(block_k=20), "flash attention needs a length divisible by block_k=20, got 48"),
+        (dict(dropout_rate=1.0, seed=seed), r"flash attention needs dropout_rate in \[0, 1\), got 1.0"),
+        (dict(dropout_rate=-0.1, seed=seed), r"flash attention needs dropout_rate in \[0, 1\), got -0.1"),
+        (dict(dropout_rate=0.1), r"flash attention with dropout_rate=0.1 needs a seed \(seeds\(rng\)\)"),
+        (dict(dropout_rate=0.1, seed=seed, lead_hashes=jnp.zeros((2, 1), jnp.int32)),
+         r"flash attention needs lead_hashes \[B, N\] = \(1, 1\), got \(2, 1\)"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            flash_gpu.attention(q, q, q, seg, interpret=True, **kwargs)
+    for head in (12, 136):
+        x = jnp.zeros((1, 1, 48, head))
+        message = rf"^flash attention needs a head size that is a multiple of 8 up to 128, got {head}$"
+        with pytest.raises(ValueError, match=message):
+            flash_gpu.attention(x, x, x, seg, interpret=True)
+    message = r"^flash attention on a GPU needs block_q a power of two >= 16, got 48 \(length 48\)$"
+    with pytest.raises(ValueError, match=message):
+        flash_gpu.attention(q, q, q, seg)  # not interpreted: Triton's tiles
+    with pytest.raises(ValueError, match=r"^flash attention needs segment_ids \[B, L\] = \(1, 48\), got \(48,\)$"):
+        flash_gpu.attention(q, q, q, seg[0], interpret=True)
+    with pytest.raises(ValueError, match=r"^flash attention needs query, key, value of one shape \[B, N, L, H\]"):
+        flash_gpu.attention(q, q[:, :, :32], q, seg, interpret=True)
+    with pytest.raises(ValueError, match=r"^flash attention takes bfloat16, float16 or float32, got int32$"):
+        x = jnp.zeros((1, 1, 48, 32), jnp.int32)
+        flash_gpu.attention(x, x, x, seg, interpret=True)
+    # What a GPU run takes with the default blocks (for the kernel set's attention_applies).
+    assert flash_gpu.supported(jnp.bfloat16, 64, 512) and flash_gpu.supported(jnp.float32, 64, 128)
+    assert flash_gpu.supported(jnp.float16, 40, 384) and flash_gpu.supported(jnp.bfloat16, 128, 16)
+    assert not flash_gpu.supported(jnp.bfloat16, 64, 8) and not flash_gpu.supported(jnp.bfloat16, 64, 100)
+    assert not flash_gpu.supported(jnp.bfloat16, 12, 128) and not flash_gpu.supported(jnp.bfloat16, 256, 128)
