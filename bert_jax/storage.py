@@ -88,7 +88,8 @@ def check_output_dir(path: str | os.PathLike, name: str) -> None:
     Raises:
       ValueError: empty `path` (one line naming `name`).
       NotADirectoryError: `path`, or the parent it would be created in, is not a directory.
-      PermissionError: the directory it would be created in is not writable.
+      PermissionError (or the OSError a trial write raised): `path`, or the directory it would be created in,
+        is not writable. Every message names `name` and `path` as given, never a path made from it.
     """
     path = os.fspath(path)
     if not path:
@@ -101,8 +102,25 @@ def check_output_dir(path: str | os.PathLike, name: str) -> None:
     if not os.path.isdir(existing):
         what = "is" if existing == os.path.abspath(path) else f"is inside {existing}, which is"
         raise NotADirectoryError(f"{name}={path!r} {what} not a directory")
-    if existing != os.path.abspath(path) and not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"{name}={path!r}: cannot create it in {existing} (not writable)")
+    where = "write in it" if existing == os.path.abspath(path) else f"create it in {existing}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name}={path!r}: cannot {where} (not writable)")
+    try:  # what os.access cannot tell: a read-only file system, /proc, access control lists, root squashed
+        os.rmdir(tempfile.mkdtemp(prefix=".bert_jax-probe-", dir=existing))
+    except OSError as e:
+        raise _named(e, f"{name}={path!r}: cannot {where}") from None
+
+
+def _named(error: OSError, message: str) -> OSError:
+    """An OSError of `error`'s type (PermissionError, ...) whose text is `message (<the OS's reason>)`: the
+    path the user gave instead of the one the OS failed on (a staging or trial directory made from it)."""
+    reason = error.strerror or str(error)
+    try:
+        named = type(error)(f"{message} ({reason})")
+    except TypeError:  # an OSError subclass with another signature
+        named = OSError(f"{message} ({reason})")
+    named.errno = error.errno  # kept for `is_out_of_space` and other callers; the text stays the message
+    return named
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -155,7 +173,8 @@ def staging_dir(output_dir: str | os.PathLike) -> str:
     directory for a URI, so that `publish` uploads. The caller removes it when done (`shutil.rmtree`).
 
     Raises:
-      NotADirectoryError, PermissionError: as `check_output_dir`.
+      NotADirectoryError, PermissionError: as `check_output_dir` (naming `output_dir` as given, not the
+        staging directory).
     """
     if is_remote(output_dir):
         return tempfile.mkdtemp(prefix="bert_jax-staging-")
@@ -163,19 +182,33 @@ def staging_dir(output_dir: str | os.PathLike) -> str:
     parent = os.path.abspath(output_dir)
     while not os.path.isdir(parent):
         parent = os.path.dirname(parent)
-    return tempfile.mkdtemp(prefix=".bert_jax-staging-", dir=parent)
+    try:
+        return tempfile.mkdtemp(prefix=".bert_jax-staging-", dir=parent)
+    except OSError as e:
+        where = "write in it" if parent == os.path.abspath(output_dir) else f"create it in {parent}"
+        raise _named(e, f"output directory {os.fspath(output_dir)!r}: cannot {where}") from None
 
 
 def publish(work: str, output_dir: str | os.PathLike, names: Sequence[str]) -> None:
     """Moves the files `names` (relative paths, "/"-separated) of the staging directory `work` into
     `output_dir` (created if missing, with the names' folders), one at a time and each whole: renamed
     locally (atomic), uploaded to a URI (an object appears only once its upload completes).
-    Write metadata.json after this, so that an interrupted publish never looks finished."""
+    Write metadata.json after this, so that an interrupted publish never looks finished.
+
+    Raises:
+      OSError: a local `output_dir` that cannot be created or written in (one line naming it as given and
+        the file, not the staging directory).
+    """
     if not is_remote(output_dir):
-        os.makedirs(output_dir, exist_ok=True)
-        for name in names:
-            os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
-            os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        name = ""
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            for name in names:
+                os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
+                os.replace(os.path.join(work, name), os.path.join(output_dir, name))
+        except OSError as e:
+            what = f"cannot write {name} in it" if name else "cannot create it"
+            raise _named(e, f"output directory {os.fspath(output_dir)!r}: {what}") from None
         return
     for name in names:
         upload(os.path.join(work, name), join(output_dir, name))

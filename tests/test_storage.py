@@ -3,6 +3,8 @@ only: the object-store branch (whole-object writes, metrics.jsonl rewritten inst
 forced onto a temporary directory, so nothing reaches the network."""
 
 import json
+import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -67,3 +69,38 @@ def test_pretraining_writes_a_workdir_through_the_object_store_branch(instances,
     summaries.plot_curves(summaries.read_metrics(str(workdir)), ["loss"], str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [n for n in storage.list_names(workdir) if ".tmp" in n]
+
+
+def _refuse(monkeypatch, function, error):
+    def fail(*args, **kwargs):
+        raise error(13, "Permission denied", kwargs.get("dir", args[0] if args else "?") + "/.bert_jax-x")
+    monkeypatch.setattr(function[0], function[1], fail)
+
+
+def test_an_unwritable_output_directory_is_named_as_given_never_by_a_staging_path(tmp_path, monkeypatch):
+    """Where the OS refuses a write that os.access allowed (root, a read-only file system, ACLs): the trial
+    write of `check_output_dir`, the staging directory and `publish` each raise one line naming the output
+    directory as the caller wrote it (relative here), not the hidden directory made beside or inside it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    with monkeypatch.context() as m:
+        _refuse(m, (storage.tempfile, "mkdtemp"), PermissionError)
+        for given, where in (("out", "cannot write in it"), ("out/new", f"cannot create it in {tmp_path / 'out'}")):
+            with pytest.raises(PermissionError) as raised:
+                storage.check_output_dir(given, "--output_dir")
+            assert str(raised.value) == f"--output_dir={given!r}: {where} (Permission denied)"
+        m.setattr(storage, "check_output_dir", lambda path, name: None)  # as if the trial write had passed
+        with pytest.raises(PermissionError) as raised:
+            storage.staging_dir("out")
+        assert str(raised.value) == "output directory 'out': cannot write in it (Permission denied)"
+    work = storage.staging_dir("out/new")
+    assert work.startswith(str(tmp_path / "out" / ".bert_jax-staging-"))
+    (tmp_path / "out" / "new").mkdir()
+    (tmp_path / "out" / "new" / "shard").mkdir()  # a directory where the file goes: os.replace fails
+    (pathlib.Path(work) / "shard").write_text("x")
+    with pytest.raises(OSError) as raised:
+        storage.publish(work, "out/new", ["shard"])
+    assert str(raised.value).startswith("output directory 'out/new': cannot write shard in it (")
+    assert ".bert_jax" not in str(raised.value)
+    assert storage.check_output_dir("out/new", "--output_dir") is None  # and a writable one passes
+    assert sorted(os.listdir(tmp_path / "out")) == [os.path.basename(work), "new"]  # no trial directory left

@@ -7,8 +7,9 @@ Every command's `--config` takes a recipe by name, `NAME[:ARG]`, from any direct
   glue:cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (bert_jax/configs/glue.py)
   ner[:ARG], swag[:ARG]                                          (bert_jax/configs/ner.py, swag.py)
 
-or a config file of the user's own by path (`path/to/my_config.py:arg`, ml_collections' form); either
-way `--config.x.y=value` overrides a field.
+or a config file of the user's own by path (`path/to/my_config.py:arg`, ml_collections' form; in the
+working directory `./NAME`); either way `--config.x.y=value` overrides a field. A recipe name that is also a
+file or directory in the working directory (a data folder `squad`) is an error saying how to write each.
 """
 
 from __future__ import annotations
@@ -23,13 +24,23 @@ def resolve(spec: str) -> str:
     """`NAME[:ARG]` of a packaged recipe -> `<package>/configs/NAME.py[:ARG]`; anything else (a path to a
     config file, with or without `:ARG`) unchanged.
 
-    A name wins over a file of the same name in the working directory only when that file does not exist
-    (`pretrain` is the recipe unless `./pretrain` exists).
+    A recipe name always means the recipe and a path of the user's is written as a path (`./squad`,
+    `configs/my.py`): a bare recipe name that is also a file or directory in the working directory (a data
+    folder `squad`) is neither silently, but an error.
+
+    Raises:
+      ValueError: such a clash (one line: which is which, and how to write each).
     """
     name, sep, arg = spec.partition(":")
-    if name in NAMES and not os.path.exists(name):
-        return os.path.join(_HERE, f"{name}.py") + sep + arg
-    return spec
+    if name not in NAMES:
+        return spec
+    recipe = os.path.join(_HERE, f"{name}.py")
+    if os.path.lexists(name):
+        kind = "directory" if os.path.isdir(name) else "file"
+        raise ValueError(f"{name!r} is both the recipe {name} and the {kind} ./{name} in the working directory: "
+                         f"write --config={recipe}{sep}{arg} for the recipe (or run from another directory), "
+                         f"--config=./{name}{sep}{arg} for the {kind}")
+    return recipe + sep + arg
 
 
 def mark_explicit_model_fields(config):
@@ -51,9 +62,10 @@ def define_flag(help_string: str):
     """Defines `--config` (ml_collections' config-file flag, `--config.x.y=value` overrides) taking a recipe
     name (`resolve`) or a config file path -> the flag holder.
 
-    A recipe or file that cannot be loaded (no such file, an unknown recipe argument, any error of its
-    `get_config`) ends the command with one line `--config=<value>: <the error's message>` (SystemExit,
-    exit status 1), not absl's flag error with the traceback ml_collections puts in it.
+    A recipe or file that cannot be loaded (no such file, a directory, a recipe name that is also a path in
+    the working directory, an unknown recipe argument, any error of its `get_config`) ends the command with
+    one line `--config=<value>: <the error's message>` (SystemExit, exit status 1), not absl's flag error
+    with the traceback ml_collections puts in it.
     """
     from absl import flags
     from ml_collections import config_flags
@@ -61,8 +73,14 @@ def define_flag(help_string: str):
 
     class _RecipeParser(ConfigFileFlagParser):
         def parse(self, path):
-            resolved = resolve(path)
-            if not os.path.isfile(resolved.split(":", 1)[0]):
+            try:
+                resolved = resolve(path)
+            except ValueError as e:
+                raise SystemExit(f"--config={path}: {e}") from None
+            file = resolved.split(":", 1)[0]
+            if os.path.isdir(file):
+                raise SystemExit(f"--config={path}: a directory, not a config file (recipes: {', '.join(NAMES)})")
+            if not os.path.isfile(file):
                 raise SystemExit(f"--config={path}: no such recipe or config file (recipes: {', '.join(NAMES)})")
             try:
                 return super().parse(resolved)

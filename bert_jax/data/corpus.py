@@ -76,6 +76,17 @@ def expand_input_files(patterns: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def name_the_input(error: BaseException, given: str) -> BaseException:
+    """`error` with "the input" of the writers' empty-corpus error ("the input holds no document with a
+    non-empty sentence": every file empty, blank or skipped, raised where the documents are tokenized, far
+    from the flags) replaced by `given`, the input as the user wrote it (`--input_file=corpus/*.txt`);
+    any other error unchanged."""
+    text = str(error)
+    if isinstance(error, ValueError) and text.startswith("the input holds no document"):
+        return ValueError(f"{given}: no document with a non-empty sentence in it")
+    return error
+
+
 @dataclasses.dataclass
 class ReadStats:
     """Counts of what reading skipped (documented skips, never silent).
@@ -174,10 +185,27 @@ def read_text_documents(files: Sequence[str], stats: ReadStats) -> Iterator[list
 
 
 def tfds_source(name: str, split: str, data_dir: str | None):
-    """`tfds.data_source` of a prepared TFDS dataset: random access to its examples, len() of them."""
+    """`tfds.data_source` of a TFDS dataset (prepared on first use, as `tfds.data_source` does): random access
+    to its examples, len() of them.
+
+    Raises:
+      ValueError: one line naming the flag: an unknown dataset (--tfds_name), an unknown or malformed split
+        (--tfds_split), or a dataset prepared in a format without random access.
+    """
     import tensorflow_datasets as tfds  # seconds to import, and only the TFDS readers need it
 
-    return tfds.data_source(name, split=split, data_dir=data_dir)
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:  # its message lists every registered dataset
+        where = f" in --tfds_data_dir={data_dir!r}" if data_dir else ""
+        raise ValueError(f"--tfds_name {name!r}: no such TFDS dataset (neither registered nor prepared{where})") from None
+    except NotImplementedError as e:  # prepared as TFRecord: no random access
+        raise ValueError(f"--tfds_name {name!r}: {str(e).splitlines()[0]} (prepare it with "
+                         "--file_format=array_record)") from None
+    except ValueError as e:  # "Unknown split 'x'. Should be one of [...]", a split that does not parse, ...
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        flag = f"--tfds_split {split!r} of {name!r}" if "split" in message.lower() else f"--tfds_name {name!r}"
+        raise ValueError(f"{flag}: {message}") from None
 
 
 def read_tfds_documents(name: str, split: str, text_key: str, data_dir: str | None,

@@ -147,7 +147,8 @@ def main(argv):
                     random_seed=FLAGS.random_seed, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
                     read_stats=stats, progress=True, extra_metadata=extra)
     except errors.USER_ERRORS as e:  # OSError: a missing input, an upload that failed
-        raise errors.exit_with("create_pretraining_data", e) from None
+        given = f"--input_file={FLAGS.input_file}" if FLAGS.input_file else f"--tfds_name={FLAGS.tfds_name}"
+        raise errors.exit_with("create_pretraining_data", corpus.name_the_input(e, given)) from None
     if FLAGS.tokenize_only:
         print(f"wrote {metadata['num_documents']} documents, {metadata['num_tokens']} tokens to "
               f"{FLAGS.output_dir} in {metadata['seconds']:.1f} s (skipped: {metadata['skipped']})")
