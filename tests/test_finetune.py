@@ -239,3 +239,17 @@ def test_glue_mrpc_job_from_random_init(data_dir, tmp_path):
     assert metrics["majority_accuracy"] == pytest.approx(100 * 279 / 408)
     assert 0 <= metrics["accuracy"] <= 100 and np.isfinite(metrics["train_loss"])
     assert (tmp_path / "dev_predictions.tsv").read_text().count("\n") == 409
+
+
+@pytest.mark.parametrize("name", ["squad", "glue", "ner", "swag"])
+def test_a_config_of_another_job_is_one_line(name):
+    """A pre-training recipe (or another task's) given to a fine-tuning job: one line naming the missing fields,
+    before anything runs; the job's own recipes pass."""
+    import importlib
+
+    with pytest.raises(ValueError, match=rf"^--config is not a {name} config: it has no .* --config={name}"):
+        job.check_recipe_kind(pretrain.get_config("tiny"), name)
+    other = "glue" if name == "squad" else "squad"
+    with pytest.raises(ValueError, match=f"not a {name} config"):
+        job.check_recipe_kind(importlib.import_module(f"bert_jax.configs.{other}").get_config(), name)
+    job.check_recipe_kind(importlib.import_module(f"bert_jax.configs.{name}").get_config(), name)

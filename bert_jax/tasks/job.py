@@ -108,6 +108,24 @@ def finish(writer, workdir: str, state: TrainState, config: ml_collections.Confi
         writer.close()
 
 
+def check_recipe_kind(config: ml_collections.ConfigDict, name: str) -> None:
+    """Checks that `config` is a config of the job `name` ("squad", "glue", "ner", "swag"): it has every
+    top-level field of that job's packaged recipe (`bert_jax/configs/<name>.py`, its default argument).
+
+    Raises:
+      ValueError: fields are missing (one line naming them and the job's recipe), e.g. a pre-training config
+        given to a fine-tuning job.
+    """
+    import importlib
+
+    wanted = importlib.import_module(f"bert_jax.configs.{name}").get_config()
+    missing = sorted(set(wanted.keys()) - set(config.keys()))
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ValueError(f"--config is not a {name} config: it has no {shown} (a {name} recipe: --config={name}"
+                         f"{':mrpc' if name == 'glue' else ''}, or a file derived from bert_jax/configs/{name}.py)")
+
+
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
     """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
     multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
@@ -129,6 +147,7 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
         logging.set_verbosity(logging.WARNING)
         try:
+            check_recipe_kind(flags.FLAGS.config, name)
             storage.check_output_dir(flags.FLAGS.workdir, "--workdir")
             distributed.initialize_from_flags()
             metrics = run(configs.mark_explicit_model_fields(flags.FLAGS.config), flags.FLAGS.workdir)
