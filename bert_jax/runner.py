@@ -12,7 +12,9 @@ step, does what is due at it, in this order:
   evaluate    every `eval_every` steps and at the last (when the job has one), out of the timed window.
   checkpoint  every `checkpoint_every` steps, at the last and on preemption (when the job has one), once
               per step, out of the timed window; a preempted run stops after it.
-  progress    a progress bar on the first process, with the postfix `log` returns.
+  progress    a progress bar on the first process, with the postfix `log` returns, and the model FLOPs
+              utilisation where the job's `log` put one in the values ("mfu": pre-training, on a device whose
+              peak it knows), as a percentage.
 
 The window's timer (`engine.Chrono`) restarts after a step that compiled (the first of the run, or of a
 phase: `recompiling()`), unless that step is logged.
@@ -68,6 +70,15 @@ def check_finite(step: int, metrics: Mapping[str, Any], checkpointed: bool = Fal
         raise FloatingPointError(f"non-finite loss {loss} (gradient norm {grad_norm}) at step {step}{kept}")
 
 
+def with_mfu(postfix: Mapping[str, str], values: Mapping[str, float]) -> dict[str, str]:
+    """The progress bar's postfix with values["mfu"] (a fraction of the peak) as a percentage, where there is
+    one and the job's postfix has none."""
+    postfix = dict(postfix)
+    if values.get("mfu") is not None and "mfu" not in postfix:
+        postfix["mfu"] = f"{100 * values['mfu']:.1f}%"
+    return postfix
+
+
 class Runner:
     """Runs steps `step` + 1 ... `final_step` (counted as the state's step after each) with the periodic
     actions of the module docstring.
@@ -78,7 +89,8 @@ class Runner:
       desc: the progress bar's label.
       log_every: >= 1.
       log: (step, {name: float} of the step's metrics, Lap of the window) -> the progress bar's postfix
-        ({name: str}); the job writes its summaries here.
+        ({name: str}); the job writes its summaries here, and may add the window's throughput to the values
+        (a float "mfu" is then shown too, e.g. "mfu=41.3%").
       evaluate: (step, state) -> None, every eval_every (>= 1) steps and at the last; None: never.
       save: (step, state) -> None, every checkpoint_every (>= 1) steps, at the last and on preemption;
         None: never. `checkpointed`: a step whose checkpoint exists (a resumed run's), not saved again.
@@ -169,7 +181,7 @@ class Runner:
             values = {k: float(v) for k, v in jax.device_get(metrics).items()}
             self._pending = None
             check_finite(step, values, checkpointed=self.save is not None)
-            self.progress.set_postfix(**self.log(self.step, values, self.timer.lap()))
+            self.progress.set_postfix(**with_mfu(self.log(self.step, values, self.timer.lap()), values))
         if self.evaluate is not None and self.due(self.eval_every):
             self.check()
             with self.timer.paused(wait_for=self.state):

@@ -87,3 +87,18 @@ def test_preemption_checkpoints_and_stops():
     state, events, loop = _run([1.0] * 10, final_step=10, preempted=lambda step: step == 5)
     assert state == 5 and loop.stopped_by_preemption
     assert events[-1] == ("save", 5, 5)
+
+
+def test_progress_bar_shows_the_mfu_the_job_logged():
+    """Pre-training's `log` adds the window's MFU to the values where the device's peak is known: the bar shows
+    it as a percentage after the job's own postfix; without one (a CPU, fine-tuning) nothing is added."""
+    def log(step, values, lap):
+        values["mfu"] = 0.4132
+        return {"loss": f"{values['loss']:.3f}"}
+
+    loop = runner.Runner(0, 4, desc="test", log_every=2, log=log)
+    loop.run(0, ((_step([1.0] * 5), None) for _ in range(4)))
+    loop.close()
+    assert loop.progress.postfix == "loss=1.000, mfu=41.3%"
+    assert runner.with_mfu({"loss": "1.0"}, {"loss": 1.0}) == {"loss": "1.0"}
+    assert runner.with_mfu({"mfu": "own"}, {"mfu": 0.5}) == {"mfu": "own"}
