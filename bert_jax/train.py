@@ -36,8 +36,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import (checkpointing, distributed, engine, errors, flops, initialisation, losses, modeling, runner,
-                      sharding, storage, summaries)
+from bert_jax import (checkpointing, distributed, engine, errors, evaluation, flops, initialisation, losses, modeling,
+                      runner, sharding, storage, summaries)
 from bert_jax.data import stream as data_stream
 from bert_jax.engine import TrainState
 
@@ -116,9 +116,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need_data: bool = True) -> list[Phase]:
-    """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError)."""
-    from bert_jax.data import formats
-
+    """All checks that can fail before compiling anything (one-line ValueError / FileNotFoundError), the
+    held-out evaluation's included (`evaluation.check`)."""
     modeling.BertConfig.from_dict(config.model)  # raises on a bad model config
     phases = resolve_phases(config)
     for field in ("grad_accum_steps", "log_every", "checkpoint_every", "eval_every", "eval_batches", "keep_checkpoints"):
@@ -128,6 +127,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
         raise ValueError(f"config.mlm_bias_init={config.mlm_bias_init!r} is not 'zeros' or 'log_prior'")
     if config.get("data_workers", 0) < 0:
         raise ValueError(f"config.data_workers={config.data_workers} must be non-negative")
+    metadata = []
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
         if p.batch_size % config.grad_accum_steps or \
@@ -140,21 +140,11 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                              f"{jax.process_count()} processes")
         sharding.check_process_rows(mesh, p.batch_size)
         if need_data:
-            _check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
-                        p.max_predictions_per_seq, p.masking())
-    if need_data and config.eval_data_dir:
-        meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config)
-        if formats.is_documents(meta):
-            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds tokenized documents; evaluation "
-                             "needs fixed instances (create_pretraining_data without --tokenize_only)")
-        length = meta["flags"]["max_seq_length"]
-        if length > config.model.max_position_embeddings:
-            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds length {length}, over "
-                             f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
-        largest = max(p.batch_size for p in phases)  # evaluation uses the current phase's batch size
-        if meta["num_instances"] < largest:
-            raise ValueError(f"config.eval_data_dir={config.eval_data_dir!r} holds {meta['num_instances']} "
-                             f"instances, fewer than one batch of {largest}")
+            metadata.append(_check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
+                                        p.max_predictions_per_seq, p.masking()))
+    if need_data:
+        eval_meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config) if config.eval_data_dir else None
+        evaluation.check(config, phases, metadata, eval_meta)
     return phases
 
 
@@ -247,12 +237,17 @@ def initial_state(config: ml_collections.ConfigDict, program: "Program", mesh: j
 def initial_mlm_bias(config: ml_collections.ConfigDict) -> np.ndarray | None:
     """The MLM output bias a new run starts from: None (zeros, the original's) for
     config.mlm_bias_init == "zeros"; for "log_prior" the centred log unigram distribution of the
-    first phase's masked-LM targets (`pretraining.masked_token_log_prior`), float32 [vocab_size]."""
+    first phase's masked-LM targets (`pretraining.masked_token_log_prior`; of its training documents only with
+    config.eval_fraction, `holdout.training_log_prior`), float32 [vocab_size]."""
     if config.get("mlm_bias_init", "zeros") == "zeros":
         return None
-    from bert_jax.data import pretraining
+    from bert_jax.data import holdout, pretraining
 
-    return pretraining.masked_token_log_prior(config.phases[0].data_dir, config.model.vocab_size)
+    path = config.phases[0].data_dir
+    if evaluation.fraction(config):
+        held_out = holdout.split_directory(path, evaluation.fraction(config))[1]
+        return holdout.training_log_prior(path, config.model.vocab_size, held_out)
+    return pretraining.masked_token_log_prior(path, config.model.vocab_size)
 
 
 def loss_and_metrics(params: Any, batch: Batch, dropout_rng: jax.Array, denominators=None, *, model: nn.Module,
@@ -360,15 +355,17 @@ def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Batch
 def iterator(phase: Phase, config: ml_collections.ConfigDict, state: dict | None,
              order: data_stream.Stream | None = None):
     """The checkpointable iterator of `phase`'s batches (this process's rows of global batch_size; seed
-    config.seed + 1000 * phase index; config.data_workers grain worker processes), positioned at `state`
-    (its `get_state()`) when given; `order`: a packed or dynamic input's global order (`_packed_resume`)."""
+    config.seed + 1000 * phase index; config.data_workers grain worker processes; without the documents
+    config.eval_fraction holds out), positioned at `state` (its `get_state()`) when given; `order`: a packed or
+    dynamic input's global order (`_packed_resume`)."""
     from bert_jax.data import pipeline
 
     it = pipeline.make_pretraining_iterator(
         phase.data_dir, global_batch_size=phase.batch_size, seed=config.seed + 1000 * phase.index,
         max_seq_length=phase.max_seq_length, max_predictions_per_seq=phase.max_predictions_per_seq,
         **phase.masking(), packing=phase.packing, max_instances=phase.max_instances or None,
-        fill_rows=phase.fill_rows, worker_count=config.get("data_workers", 0), stream=order)
+        fill_rows=phase.fill_rows, worker_count=config.get("data_workers", 0), stream=order,
+        documents=evaluation.training_documents(config, phase.data_dir))
     if state is not None:
         it.set_state(state)
     return it
@@ -471,10 +468,13 @@ class _Run:
         self.peak_flops = (config.peak_tflops_per_device * 1e12
                            or flops.peak_flops_per_device(mesh.devices.flat[0].device_kind))
         self.logged: dict[str, float] = {}
+        self.held_out = evaluation.HeldOut(config) if evaluation.enabled(config) else None
+        if self.held_out is not None:
+            self.held_out.batches(self.phase)  # drawn before the first step: a failure costs no training
         self.runner = runner.Runner(
             step, min(config.total_steps, max_steps or config.total_steps), desc="pre-training",
             log_every=config.log_every, log=self.log, eval_every=config.eval_every,
-            evaluate=self.evaluate if config.eval_data_dir else None, checkpoint_every=config.checkpoint_every,
+            evaluate=self.evaluate if self.held_out is not None else None, checkpoint_every=config.checkpoint_every,
             save=self.save, checkpointed=latest, preempted=self.preempted)
 
     def batches(self):
@@ -486,6 +486,8 @@ class _Run:
                 self.phase = self.phases[self.phase.index + 1]
                 self.iterator.close()
                 self.iterator = iterator(self.phase, self.config, None)
+                if self.held_out is not None:
+                    self.held_out.batches(self.phase)  # the new phase's evaluation batches, before its first step
                 self.runner.recompiling()
             yield self.program.train_step, global_batch(next(self.iterator), self.mesh)
 
@@ -504,8 +506,9 @@ class _Run:
                     nsp_acc=f"{values['nsp_accuracy']:.3f}", phase=str(phase.index))
 
     def evaluate(self, step: int, state: TrainState) -> None:
-        """The held-out metrics of config.eval_data_dir as "eval"."""
-        values = _evaluate(self.program.eval_step, state.params, self.config, self.phase, self.mesh)
+        """The held-out metrics (`evaluation`: config.eval_data_dir or config.eval_fraction) as "eval"."""
+        values = _evaluate(self.program.eval_step, state.params, self.config, self.phase, self.mesh,
+                           self.held_out.batches(self.phase))
         summaries.write_scalars(self.writer, step, values, "eval")
 
     def preempted(self, step: int) -> bool:
@@ -537,30 +540,20 @@ class _Run:
             self.writer.close()
 
 
-def _evaluate(eval_fn, params, config, phase: Phase, mesh) -> dict[str, float]:
+def _evaluate(eval_fn, params, config, phase: Phase, mesh, batches=None) -> dict[str, float]:
+    """`evaluation.pooled` metrics of `eval_fn` over `batches` (local batches, e.g. `evaluation.HeldOut`'s), or
+    when None over the first config.eval_batches batches of config.eval_data_dir's static instances in order."""
     from bert_jax.data import pipeline
 
-    it = pipeline.make_pretraining_iterator(config.eval_data_dir, global_batch_size=phase.batch_size, shuffle=False,
-                                            num_epochs=1)
-    # MLM metrics are per prediction (each batch weighted by its masked_lm_weights sum), the others per
-    # sequence (batches are equal): the values one pass over all the batches at once would give.
-    totals: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    for n, local in enumerate(it):
-        if n == config.eval_batches:
-            break
-        metrics = {k: float(v) for k, v in jax.device_get(eval_fn(params, global_batch(local, mesh))).items()}
-        for k, v in metrics.items():
-            w = metrics["num_predictions"] if k.startswith("mlm_") else 1.0
-            totals[k] = totals.get(k, 0.0) + w * v
-            weights[k] = weights.get(k, 0.0) + w
-    it.close()
-    out = {k: totals[k] / weights[k] for k in totals if weights[k]}
-    if "num_predictions" in totals:
-        out["num_predictions"] = totals["num_predictions"]  # all of them
-    if "mlm_loss" in out:
-        out["loss"] = out["mlm_loss"] + out["nsp_loss"]  # as the step's loss: mean MLM + mean NSP
-    return out
+    it = None
+    if batches is None:
+        batches = it = pipeline.make_pretraining_iterator(config.eval_data_dir, global_batch_size=phase.batch_size,
+                                                          shuffle=False, num_epochs=1)
+    try:
+        return evaluation.pooled(eval_fn, params, batches, lambda local: global_batch(local, mesh), config.eval_batches)
+    finally:
+        if it is not None:
+            it.close()
 
 
 def main(argv):

@@ -178,7 +178,9 @@ def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):
         pipeline.make_pretraining_iterator(str(documents), global_batch_size=8, process_index=0, process_count=1)
 
 
-def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances):
+def test_a_phase_and_the_evaluation_may_read_documents(documents, instances, small_documents):
+    """config.eval_data_dir may hold tokenized documents (instances drawn with each phase's length and masking,
+    `bert_jax.evaluation`), of the training data's vocabulary: another one is a one-line error."""
     import jax
 
     from bert_jax import sharding, train
@@ -190,8 +192,132 @@ def test_a_phase_may_read_documents_but_evaluation_may_not(documents, instances)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     assert [p.data_dir for p in train.validate(config, mesh)] == [str(documents), str(instances / "p2")]
     config.eval_data_dir = str(documents)
-    with pytest.raises(ValueError, match="holds tokenized documents; evaluation needs fixed instances"):
+    train.validate(config, mesh)
+    config.eval_data_dir = str(small_documents)  # the small vocabulary's ids
+    with pytest.raises(ValueError, match=r"^config.eval_data_dir='.*' was tokenized with another vocabulary .* than "
+                                         r"config.phases\[0\].data_dir="):
         train.validate(config, mesh)
+
+
+# ----------------------------------------------------------------------------- held-out documents
+
+
+@pytest.fixture(scope="module")
+def articles(data_dir, tmp_path_factory):
+    """The first 20 WikiText-2 valid articles as tokenized documents (Google's vocabulary, 2 shards)."""
+    out = tmp_path_factory.mktemp("articles") / "docs"
+    docs = list(corpus.read_wikitext_documents([str(data_dir / "corpus" / "wikitext-2" / "valid.txt")],
+                                               corpus.ReadStats()))[:20]
+    document_shards.tokenize_documents(iter(docs), tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")),
+                                       str(out), num_shards=2)
+    return out
+
+
+def test_holdout_split_is_fixed_disjoint_and_checked():
+    from bert_jax.data import holdout
+
+    train_docs, held = holdout.split(1000, 0.05)
+    assert len(held) == 50 and len(train_docs) == 950 and not set(train_docs) & set(held)
+    assert sorted(set(train_docs) | set(held)) == list(range(1000))
+    assert held.min() < 100 and held.max() > 900  # spread over the corpus, not its end
+    again = holdout.split(1000, 0.05)
+    np.testing.assert_array_equal(again[1], held)
+    assert len(set(holdout.split(1100, 0.05)[1]) & set(held)) >= 40  # appending 10% keeps most
+    for count, share, message in ((20, 0.0, r"eval_fraction=0.0 must be in \(0, 1\)"),
+                                  (20, 1.0, r"eval_fraction=1.0 must be in \(0, 1\)"),
+                                  (20, 0.05, "holds out 1 of 20 documents; evaluation needs at least 2"),
+                                  (20, 0.95, "holds out 19 of 20 documents, leaving 1 for training; it needs at least 2")):
+        with pytest.raises(ValueError, match=message):
+            holdout.split(count, share)
+
+
+def test_training_never_reads_held_out_documents(articles, instances, monkeypatch):
+    """With a documents subset (`holdout.split`'s training side), a whole epoch, unpacked and packed with filled
+    rows, reads exactly the training documents (instances, NotNext segments and fillers), never a held-out one;
+    the evaluation's draw reads held-out documents only. A state of one subset does not resume another."""
+    from bert_jax import evaluation, train
+    from bert_jax.configs import pretrain
+    from bert_jax.data import holdout
+
+    train_docs, held = holdout.split(20, 0.2)
+    read = []
+    original = document_shards.Documents.__getitem__
+    monkeypatch.setattr(document_shards.Documents, "__getitem__", lambda self, d: (read.append(d), original(self, d))[1])
+    batches = list(_iterator(articles, global_batch_size=16, num_epochs=1, documents=train_docs))
+    assert len(batches) > 10 and set(read) == set(train_docs.tolist())
+    read.clear()
+    packed = _iterator(articles, global_batch_size=16, packing=True, documents=train_docs)
+    for _ in range(5):
+        next(packed)
+    assert read and not set(read) & set(held.tolist())
+    state = packed.get_state()
+    with pytest.raises(ValueError, match=r"iterator state read 16 documents, crc32 \w+, this iterator reads 16 "
+                                         r"documents, crc32 \w+: resume with the same documents"):
+        _iterator(articles, global_batch_size=16, packing=True, documents=np.arange(16)).set_state(state)
+    with pytest.raises(ValueError, match=r"iterator state read 16 documents, crc32 \w+, this iterator reads all "
+                                         r"documents"):
+        _iterator(articles, global_batch_size=16, packing=True).set_state(state)
+    packed.close()
+    read.clear()
+    config = pretrain.get_config("tiny")
+    config.phases = [pretrain.phase(64, 10, 1.0, str(articles), 16)]
+    config.eval_fraction, config.eval_batches = 0.2, 4
+    evaluation.draw(config, train.resolve_phases(config)[0])
+    assert read and set(read) <= set(held.tolist())
+    with pytest.raises(ValueError, match="holds static instances: documents= applies to tokenized documents"):
+        _iterator(instances / "p1", max_seq_length=None, max_predictions_per_seq=None, documents=train_docs)
+
+
+def test_held_out_instances_are_fixed_and_drawn_with_the_phase_masking(articles, instances, data_dir):
+    """evaluation.draw: the same batches at every call (seed EVAL_SEED, epoch 0, whatever config.seed), kept per
+    phase by HeldOut; drawn with the phase's masking: masked_lm_prob of the tokens predicted, and whole words
+    masked together with do_whole_word_mask."""
+    from bert_jax import evaluation, train
+    from bert_jax.configs import pretrain
+
+    tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
+    config = pretrain.get_config("tiny")
+    config.phases = [pretrain.phase(64, 20, 0.5, str(articles), 16, masked_lm_prob=0.3, do_whole_word_mask=True),
+                     pretrain.phase(64, 20, 0.5, str(articles), 16)]
+    config.eval_fraction, config.eval_batches = 0.2, 6
+    whole, plain = train.resolve_phases(config)
+    first = evaluation.draw(config, whole)
+    config.seed = 7
+    for a, b in zip(first, evaluation.draw(config, whole), strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    held_out = evaluation.HeldOut(config)
+    assert held_out.batches(whole) is held_out.batches(whole) and len(held_out.batches(whole)) == 6
+    config.eval_fraction, config.eval_data_dir = 0.0, str(articles)  # a directory of documents: all of them
+    assert [b["input_ids"].shape for b in evaluation.HeldOut(config).batches(plain)] == [(16, 64)] * 6
+    config.eval_data_dir = str(instances / "p1")  # static instances: read afresh by train._evaluate
+    assert evaluation.HeldOut(config).batches(plain) is None
+    config.eval_fraction, config.eval_data_dir = 0.2, ""
+
+    def rate(batches):
+        predicted = sum(b["masked_lm_weights"].sum() for b in batches)
+        tokens = sum(b["attention_mask"].sum() - 3 * len(b["attention_mask"]) for b in batches)
+        return predicted / tokens
+
+    plain_batches = evaluation.draw(config, plain)
+    assert 0.27 < rate(first) < 0.33 and 0.13 < rate(plain_batches) < 0.17
+
+    def continuations(batches):
+        """(masked "##" pieces, those whose previous piece is unmasked although it is not [CLS] / [SEP]: a
+        truncated segment may start inside a word)."""
+        count = alone = 0
+        for b in batches:
+            for ids, positions, labels, weights in zip(b["input_ids"], b["masked_lm_positions"], b["masked_lm_ids"],
+                                                       b["masked_lm_weights"]):
+                masked = {int(p) for p, w in zip(positions, weights) if w}
+                for p, label, w in zip(positions, labels, weights):
+                    if w and tok.convert_ids_to_tokens([int(label)])[0].startswith("##"):
+                        count += 1
+                        alone += int(p) - 1 not in masked and int(ids[int(p) - 1]) not in (tok.cls_id, tok.sep_id)
+        return count, alone
+
+    (whole_count, whole_alone), (_, plain_alone) = continuations(first), continuations(plain_batches)
+    assert whole_count > 10 and whole_alone == 0 and plain_alone > 0
 
 
 def test_log_prior_of_documents_is_the_tokens_unigram(documents):
@@ -205,6 +331,21 @@ def test_log_prior_of_documents_is_the_tokens_unigram(documents):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="token id"):
         pretraining.masked_token_log_prior(str(documents), 100)
+
+
+def test_log_prior_with_held_out_documents_counts_the_training_documents_only(articles):
+    """mlm_bias_init="log_prior" with config.eval_fraction: the unigram of the training documents' tokens."""
+    from bert_jax import train
+    from bert_jax.configs import pretrain
+    from bert_jax.data import holdout
+
+    store = document_shards.Documents(str(articles))
+    config = pretrain.get_config("tiny")
+    config.phases[0].data_dir, config.mlm_bias_init, config.eval_fraction = str(articles), "log_prior", 0.2
+    train_docs, _ = holdout.split(len(store), 0.2)
+    counts = sum(np.bincount(store[int(d)][0], minlength=config.model.vocab_size) for d in train_docs).astype(np.float64)
+    want = np.log((counts + 1) / (counts + 1).sum())
+    np.testing.assert_allclose(train.initial_mlm_bias(config), want - want.mean(), rtol=1e-5, atol=1e-5)
 
 
 def test_filled_rows_keep_their_instances_and_add_valid_ones(documents, monkeypatch):

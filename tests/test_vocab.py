@@ -156,3 +156,83 @@ def test_cli_rejects_positional_arguments(tmp_path, data_dir):
     assert run.returncode == 1
     assert run.stderr.strip() == "vocab: unexpected arguments ['stray.txt']"
     assert "Traceback" not in run.stderr and not out.exists()
+
+
+# ----------------------------------------------------------------------------- a TFDS corpus
+
+
+TFDS_ARTICLES = 20  # WikiText-2 valid articles in the local TFDS dataset
+
+
+@pytest.fixture(scope="module")
+def wikitext_tfds(tmp_path_factory, data_dir):
+    """A TFDS text dataset prepared offline (ArrayRecord, as tests/test_pretraining.py's): the first
+    TFDS_ARTICLES WikiText-2 valid articles, one example each, its sentences one a line in feature "text";
+    and the same sentences written as a file (one a line, a blank line between articles)."""
+    import tensorflow_datasets as tfds
+
+    from bert_jax.data import corpus
+
+    articles = list(corpus.read_wikitext_documents([str(data_dir / "corpus/wikitext-2/valid.txt")],
+                                                   corpus.ReadStats()))[:TFDS_ARTICLES]
+
+    class VocabWikitextSample(tfds.core.GeneratorBasedBuilder):  # a name no other test registers
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i, sentences in enumerate(articles):
+                yield i, {"text": "\n".join(sentences)}
+
+    root = tmp_path_factory.mktemp("vocab_tfds")
+    VocabWikitextSample(data_dir=str(root / "tfds"), file_format="array_record").download_and_prepare()
+    text_file = root / "articles.txt"
+    text_file.write_text("".join("\n".join(s) + "\n\n" for s in articles), encoding="utf-8")
+    return "vocab_wikitext_sample", str(root / "tfds"), text_file, sum(len(s) for s in articles)
+
+
+def test_tfds_vocabulary_equals_the_files(wikitext_tfds, tmp_path):
+    """--tfds_name reads the dataset as create_pretraining_data does (`corpus.read_tfds_documents`): the
+    vocabulary equals, byte for byte, the one trained from the same sentences written as a file."""
+    name, tfds_dir, text_file, sentences = wikitext_tfds
+    from_tfds = train_vocab(None, 600, str(tmp_path / "tfds.txt"), tfds_name=name, tfds_data_dir=tfds_dir)
+    from_file = train_vocab([str(text_file)], 600, str(tmp_path / "file.txt"))
+    assert from_tfds["lines"] == from_file["lines"] == sentences and from_tfds["words"] == from_file["words"]
+    assert from_tfds["sha256"] == from_file["sha256"] and from_tfds["pieces"] > 100
+    assert (tmp_path / "tfds.txt").read_bytes() == (tmp_path / "file.txt").read_bytes()
+    assert from_tfds["tfds_name"] == name and from_tfds["files"] == 0
+    for kwargs, message in ((dict(tfds_name=name, tfds_data_dir=tfds_dir, tfds_text_key="body"), "--tfds_text_key 'body'"),
+                            (dict(tfds_name=name, tfds_data_dir=tfds_dir, tfds_split="test"), "--tfds_split 'test'"),
+                            (dict(), "give exactly one of --input_file and --tfds_name")):
+        with pytest.raises(ValueError, match=message) as e:
+            train_vocab(None, 600, str(tmp_path / "bad.txt"), **kwargs)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="give exactly one"):
+        train_vocab([str(text_file)], 600, str(tmp_path / "bad.txt"), tfds_name=name)
+    assert not (tmp_path / "bad.txt").exists()
+
+
+@pytest.mark.integration
+def test_cli_tfds_and_its_one_line_errors(wikitext_tfds, tmp_path):
+    """The command with create_pretraining_data's --tfds_* flags; an unknown dataset or split is one line
+    naming the flag, no traceback, nothing written."""
+    name, tfds_dir, _, _ = wikitext_tfds
+    out = tmp_path / "vocab.txt"
+    run = _cli(f"--tfds_name={name}", f"--tfds_data_dir={tfds_dir}", "--vocab_size=600", f"--output_file={out}")
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout.strip().splitlines()[-1])
+    assert stats["tfds_name"] == name and stats["vocab_size"] == 600 and len(out.read_text().splitlines()) == 600
+    for flag, message in (("--tfds_name=no_such_corpus", "vocab: --tfds_name 'no_such_corpus': no such TFDS dataset"),
+                          ("--tfds_split=test", f"vocab: --tfds_split 'test' of '{name}': Unknown split 'test'")):
+        args = [f"--tfds_name={name}", f"--tfds_data_dir={tfds_dir}", "--vocab_size=600",
+                f"--output_file={tmp_path / 'bad.txt'}", flag]
+        run = _cli(*args)
+        assert run.returncode == 1 and "Traceback" not in run.stderr
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(message), run.stderr[-2000:]
+        assert not (tmp_path / "bad.txt").exists()

@@ -111,7 +111,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # grain worker processes per host decoding instances, or drawing them from tokenized documents (0: the
     # training process's threads); the batches are the same for any count, a run resumes with its own
     config.data_workers = 0
-    config.eval_data_dir = ""  # held-out instances for eval_step ("" = no evaluation)
+    # Held-out evaluation (bert_jax.evaluation), one of: a directory of static instances or of tokenized documents
+    # (instances drawn with each phase's length and masking), or a share of the phases' tokenized documents that
+    # training never reads (bert_jax.data.holdout). Neither: no evaluation.
+    config.eval_data_dir = ""  # held-out instances or documents ("" = none)
+    config.eval_fraction = 0.0  # share of each phase's tokenized documents held out, in (0, 1) (0 = none)
     config.eval_every = 10_000  # steps between evaluations
     config.eval_batches = 20  # batches per evaluation
     config.mesh = ml_collections.ConfigDict(dict(

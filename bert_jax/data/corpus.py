@@ -198,7 +198,8 @@ def tfds_source(name: str, split: str, data_dir: str | None):
         return tfds.data_source(name, split=split, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:  # its message lists every registered dataset
         where = f" in --tfds_data_dir={data_dir!r}" if data_dir else ""
-        raise ValueError(f"--tfds_name {name!r}: no such TFDS dataset (neither registered nor prepared{where})") from None
+        raise ValueError(f"--tfds_name {name!r}: no such TFDS dataset (neither registered nor "
+                         f"prepared{where})") from None
     except NotImplementedError as e:  # prepared as TFRecord: no random access
         raise ValueError(f"--tfds_name {name!r}: {str(e).splitlines()[0]} (prepare it with "
                          "--file_format=array_record)") from None

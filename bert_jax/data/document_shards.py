@@ -284,3 +284,36 @@ class Documents:
     def token_counts(self) -> np.ndarray:
         """int64 [vocab_size]: occurrences of each token id over all documents (token_counts.npy)."""
         return np.load(storage.local_file(storage.join(self.path, formats.COUNTS_NAME)))
+
+
+class Subset:
+    """Some documents of a `Documents`, renumbered: `sub[i]` is `documents[indices[i]]` (the same read-only
+    (tokens int32 [T], sentence_starts int64 [S + 1])), len() the number of indices. Dynamic instances drawn
+    from a Subset take their NotNext segments (and packed rows their fillers) from its documents only: a
+    training stream never reads a held-out document (`bert_jax.data.holdout`), nor an evaluation stream a
+    training one.
+
+    Attributes:
+      documents: the whole corpus (`Documents`).
+      indices: int64 [k], the corpus indices of the subset's documents, in its order.
+
+    Raises:
+      ValueError (construction): an index outside [0, len(documents)), or a repeated one.
+      IndexError (indexing): i outside [0, k).
+    """
+
+    def __init__(self, documents: Documents, indices):
+        self.documents = documents
+        self.indices = np.asarray(indices, np.int64).reshape(-1)
+        if len(self.indices) and (self.indices.min() < 0 or self.indices.max() >= len(documents)):
+            raise ValueError(f"document indices outside [0, {len(documents)}) of {documents.path}")
+        if len(np.unique(self.indices)) != len(self.indices):
+            raise ValueError(f"repeated document indices in a subset of {documents.path}")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= i < len(self.indices):
+            raise IndexError(f"document {i} of a subset of {len(self.indices)} documents of {self.documents.path}")
+        return self.documents[int(self.indices[i])]

@@ -60,8 +60,10 @@ class _DrawInstances(grain.transforms.Map):
     that epoch: one output per document, so grain workers (each a slice of the documents, read round-robin)
     give the stream one process gives."""
 
-    def __init__(self, path: str, options: pretraining.InstanceOptions, seed: int, do_lower_case: bool):
+    def __init__(self, path: str, options: pretraining.InstanceOptions, seed: int, do_lower_case: bool,
+                 documents: np.ndarray | None = None):
         self._path, self._options, self._seed, self._lower = path, options, seed, do_lower_case
+        self._documents = documents  # corpus indices of a `document_shards.Subset`, or None: all
         self._store = self._vocab = None
 
     def __getstate__(self):  # pickled into grain workers without open documents
@@ -71,14 +73,16 @@ class _DrawInstances(grain.transforms.Map):
         """Opens the documents and the vocabulary, once, in the process that draws (lazily: reading threads
         may race, so the vocabulary, which marks it done, goes last)."""
         if self._vocab is None:
-            self._store = document_shards.Documents(self._path)
+            store = document_shards.Documents(self._path)
+            self._store = store if self._documents is None else document_shards.Subset(store, self._documents)
             tokenizer = tokenization.Tokenizer(storage.join(self._path, formats.VOCAB_NAME), do_lower_case=self._lower)
             self._vocab = pretraining.VocabInfo.from_tokenizer(tokenizer)
 
     def map(self, element):
         self.open()
         epoch, document = (int(x) for x in element)
-        rng = np.random.default_rng([self._seed, epoch, document])
+        corpus_index = document if self._documents is None else int(self._documents[document])
+        rng = np.random.default_rng([self._seed, epoch, corpus_index])  # a document draws the same in any subset
         return list(pretraining.instances_from_document(self._store, document, self._options, self._vocab, rng))
 
 
@@ -95,7 +99,8 @@ class FillRows(grain.transforms.Map):
     instance: no instance of the stream is changed, and the rows hold more short instances than the
     original's short_seq_prob gives. The random generator is seeded by (seed, a hash of the row), so a row
     is filled the same way whenever it is packed: a resumed or re-run stream is unchanged, and the
-    transform holds no state.
+    transform holds no state. `documents`: the corpus indices fillers come from (the stream's subset;
+    None: all).
 
     Raises (from `map`, on first use): FileNotFoundError / ValueError for an incomplete documents
     directory (`formats.open_document_shards`).
@@ -104,8 +109,8 @@ class FillRows(grain.transforms.Map):
     MIN_FILL = 32
 
     def __init__(self, path: str, options: pretraining.InstanceOptions, seed: int, do_lower_case: bool,
-                 max_instances: int):
-        self._draw = _DrawInstances(path, options, seed, do_lower_case)
+                 max_instances: int, documents: np.ndarray | None = None):
+        self._draw = _DrawInstances(path, options, seed, do_lower_case, documents)
         self._options, self._seed, self._max_instances = options, seed, max_instances
 
     def map(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -162,20 +167,27 @@ def _epoch_and_document(num_documents: int, indexed: tuple[int, int]) -> tuple[i
 def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOptions, *, seed: int, shuffle: bool,
                     num_epochs: int | None, process_index: int, process_count: int,
                     read_options: grain.ReadOptions, shuffle_window: int | None = None,
-                    worker_count: int = 0, order: stream.Stream = stream.Stream()) -> grain.IterDataset:
+                    worker_count: int = 0, order: stream.Stream = stream.Stream(),
+                    documents: np.ndarray | None = None) -> grain.IterDataset:
     """This process's stream of encoded instances drawn from the tokenized documents at `path`
     (module docstring); decode each with `pretraining.decode_instance(record, L, P)`. shuffle_window:
     instances shuffled together (default `default_shuffle_window`). worker_count: grain worker processes
     drawing (`IterDataset.mp_prefetch`; 0: this process): each draws a slice of the documents and they
     are read round-robin, so the stream is the same for every worker_count. order: the global indices of
-    (epoch, document) pairs to read (`stream.Stream`; default all, from the first).
+    (epoch, document) pairs to read (`stream.Stream`; default all, from the first). documents: int [k]
+    corpus indices, the only documents the stream reads (`document_shards.Subset`: its instances, NotNext
+    segments and nothing else; e.g. `holdout.split`'s training or held-out ones); None: all. A document's
+    draw is seeded by its corpus index (seed, epoch, index) in a subset too.
 
     Raises:
-      ValueError: options that `InstanceOptions.validate` rejects, or fewer than 2 documents (random
-        next segments come from another document).
+      ValueError: options that `InstanceOptions.validate` rejects, fewer than 2 documents (random
+        next segments come from another document), or `documents` outside the corpus or repeated.
     """
     options.validate()
     num_documents = int(metadata["num_documents"])
+    if documents is not None:
+        documents = document_shards.Subset(document_shards.Documents(path, metadata), documents).indices
+        num_documents = len(documents)
     if num_documents < 2:
         raise ValueError(f"{path}: {num_documents} document(s); dynamic instances need at least 2")
     docs = grain.MapDataset.range(num_documents)
@@ -183,7 +195,7 @@ def instance_stream(path: str, metadata: dict, options: pretraining.InstanceOpti
         docs = docs.shuffle(seed=int(np.random.SeedSequence([seed, 1]).generate_state(1, np.uint32)[0]))
     docs = order.units(docs.repeat(num_epochs), with_index=True).map(functools.partial(_epoch_and_document, num_documents))
     docs = docs[process_index::process_count]
-    drawn = docs.map(_DrawInstances(path, options, seed, bool(metadata.get("do_lower_case", True))))
+    drawn = docs.map(_DrawInstances(path, options, seed, bool(metadata.get("do_lower_case", True)), documents))
     drawn = stream.in_workers(drawn.to_iter_dataset(read_options), worker_count)
     records = grain.experimental.FlatMapIterDataset(drawn, _Flatten())
     if shuffle:

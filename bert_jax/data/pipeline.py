@@ -71,6 +71,7 @@ Sources: grain's MapDataset API (shuffle/repeat/batch/slice/to_iter_dataset/mp_p
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any, Sequence
 
 import grain
@@ -195,9 +196,13 @@ class PackedPretrainingIterator(grain.DatasetIterator):
 
         Raises:
           ValueError: a state made with other settings (those of `PretrainingIterator`, the packing
-            settings, another process_count or worker_count, other masking of tokenized documents), or
-            without grain's state.
+            settings, another process_count or worker_count, other masking of or another subset of tokenized
+            documents), or without grain's state.
         """
+        if state.get("documents") != self._settings["documents"]:  # a subset of tokenized documents (or all: None)
+            raise ValueError(f"iterator state read {state.get('documents') or 'all documents'}, this iterator reads "
+                             f"{self._settings['documents'] or 'all documents'}: resume with the same documents "
+                             f"(bert_jax.train: the same config.eval_fraction)")
         for key in _PACKED_STATE_KEYS:
             saved = state.get(key, False if key == "fill_rows" else None)  # states before fill_rows: none
             if saved != self._settings[key]:
@@ -232,6 +237,13 @@ class PackedPretrainingIterator(grain.DatasetIterator):
             self._it.close()
 
 
+def _subset_key(indices: np.ndarray | None) -> str | None:
+    """A state's record of the documents read: None (all), or "<k> documents, crc32 <hex>" of their indices."""
+    if indices is None:
+        return None
+    return f"{len(indices)} documents, crc32 {zlib.crc32(np.asarray(indices, '<i8').tobytes()):08x}"
+
+
 def _decode_unpadded(record: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, np.ndarray]:
     return packing_lib.unpad(pretraining.decode_instance(record, max_seq_length, max_predictions_per_seq))
 
@@ -243,7 +255,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                               do_whole_word_mask: bool | None = None, short_seq_prob: float | None = None,
                               worker_count: int = 0, packing: bool = False, max_instances: int | None = None,
                               num_packing_bins: int | None = None, fill_rows: bool = True,
-                              stream: stream_lib.Stream | None = None) -> PretrainingIterator | PackedPretrainingIterator:
+                              stream: stream_lib.Stream | None = None,
+                              documents: Sequence[int] | np.ndarray | None = None,
+                              ) -> PretrainingIterator | PackedPretrainingIterator:
     """This process's batches of a create_pretraining_data output directory (static instances), or of
     tokenized documents (`bert_jax.data.dynamic`: instances drawn while reading).
 
@@ -273,6 +287,9 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
       stream: packed or dynamic input only: the global order of units to read (`stream.Stream`; default
         all of them from the first), e.g. what a run on another process count left
         (`stream.Stream.after`).
+      documents: tokenized documents only: int [k] corpus indices, the only documents read (their instances,
+        NotNext segments and row fillers; `dynamic.instance_stream`), e.g. `holdout.split`'s training or
+        held-out ones; None: all. The stream's unit count (and its state's num_instances) is then k.
 
     Returns:
       A PretrainingIterator (static instances, unpacked) or a PackedPretrainingIterator (packed, or drawn
@@ -283,11 +300,12 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         missing.
       ValueError: global_batch_size not divisible by process_count, a bad argument (`InstanceOptions.validate`
         for documents), lengths or masking that differ from static instances' metadata (or no lengths given
-        for documents), an unknown format version, or shards not holding the recorded count.
+        for documents), `documents` given for static instances or outside the corpus, an unknown format
+        version, or shards not holding the recorded count.
     """
     metadata = formats.read_metadata(path)
     formats.check_version(path, metadata)
-    documents = formats.is_documents(metadata)
+    document_indices, documents = documents, formats.is_documents(metadata)  # documents: now the directory's kind
     masking = {"masked_lm_prob": masked_lm_prob, "do_whole_word_mask": do_whole_word_mask,
                "short_seq_prob": short_seq_prob}
     if documents:
@@ -320,6 +338,8 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
         raise ValueError(f"seed={seed} must be non-negative")
     if worker_count < 0:
         raise ValueError(f"worker_count={worker_count} must be non-negative")
+    if document_indices is not None and not documents:
+        raise ValueError(f"{path} holds static instances: documents= applies to tokenized documents")
     if stream is not None and not (packing or documents):
         raise ValueError("stream= applies to packed or dynamic input (static batches resume on any process count)")
     stream = stream or stream_lib.Stream()
@@ -330,11 +350,15 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
     length, predictions = flags["max_seq_length"], flags["max_predictions_per_seq"]
     if documents:
         num_instances = int(metadata["num_documents"])  # the stream's unit: documents
+        if document_indices is not None:
+            document_indices = np.asarray(document_indices, np.int64).reshape(-1)
+            num_instances = len(document_indices)
         given = {k: (bool if k == "do_whole_word_mask" else float)(v) for k, v in masking.items() if v is not None}
         options = pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions, **given)
         records = dynamic.instance_stream(path, metadata, options, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                                           process_index=process_index, process_count=process_count,
-                                          read_options=_READ_OPTIONS, worker_count=worker_count, order=stream)
+                                          read_options=_READ_OPTIONS, worker_count=worker_count, order=stream,
+                                          documents=document_indices)
     else:
         source = formats.open_shards(path, metadata)
         num_instances = len(source)
@@ -361,7 +385,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
             fill_rows = fill_rows and documents
             if fill_rows:
                 rows = rows.map(dynamic.FillRows(path, options, seed, bool(metadata.get("do_lower_case", True)),
-                                                 max_instances))
+                                                 max_instances, document_indices))
             batches = rows.batch(local_batch_size, drop_remainder=True, batch_fn=packing_lib.finalize_batch)
         else:
             batches = records.batch(local_batch_size, drop_remainder=True, batch_fn=functools.partial(
@@ -372,7 +396,7 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                     "process_index": process_index,
                     "dynamic": documents, "max_seq_length": length, "max_predictions_per_seq": predictions,
                     "worker_count": worker_count, "fill_rows": bool(packing and fill_rows),
-                    stream_lib.STATE_KEY: stream.to_state()}
+                    "documents": _subset_key(document_indices), stream_lib.STATE_KEY: stream.to_state()}
         if documents:  # what was drawn; a state without them was drawn with the defaults
             settings.update({name: getattr(options, name) for name in pretraining.MASKING_FIELDS})
         return PackedPretrainingIterator(batches, metadata=metadata, local_batch_size=local_batch_size,

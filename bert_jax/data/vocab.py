@@ -3,9 +3,14 @@
 Usage:
   python -m bert_jax.data.vocab --input_file='corpus/gutenberg/*.txt' --vocab_size=8000 \\
       --output_file=vocab.txt [--nodo_lower_case] [--max_sentences=N]
+  python -m bert_jax.data.vocab --tfds_name=wikipedia/20230601.en [--tfds_split=train] \\
+      [--tfds_text_key=text] [--tfds_data_dir=DIR] --vocab_size=30522 --output_file=vocab.txt
 
 `--input_file` is a comma-separated list of globs; every non-empty line is text (UTF-8; lines that are
 not, or hold NUL bytes, are skipped, and a file with too many of them is refused: `corpus.text_lines`).
+`--tfds_name` (with create_pretraining_data's flags and reader, `corpus.read_tfds_documents`) reads a
+TFDS text dataset instead: each example one document, its paragraphs split into sentences, each sentence a
+line; the same sentences written one a line to a file give the same vocabulary. Give exactly one of the two.
 Prints the statistics as JSON.
 
 Method. Google never released its WordPiece trainer; this builds an equivalent vocabulary:
@@ -36,7 +41,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import sentencepiece as spm
 from absl import app, flags
@@ -50,11 +55,27 @@ _MAX_TRAINING_SENTENCES = 2_000_000  # SentencePiece samples this many when give
 _SEED = 12345
 
 
-class _Corpus:
-    """The input files, read in two streaming passes (character counts, then pre-tokenized words)."""
+def _file_lines(files: Sequence[str]) -> Callable[[corpus_files.ReadStats], Iterator[str]]:
+    """The lines of `files` in order (`corpus.text_lines`), line endings kept."""
+    return lambda stats: (line for path in files for line in corpus_files.text_lines(path, stats))
 
-    def __init__(self, files: list[str], do_lower_case: bool, max_sentences: int | None):
-        self.files, self.max_sentences = files, max_sentences
+
+def _tfds_lines(name: str, split: str, text_key: str, data_dir: str | None
+                ) -> Callable[[corpus_files.ReadStats], Iterator[str]]:
+    """The sentences of a TFDS text dataset as create_pretraining_data reads them
+    (`corpus.read_tfds_documents`), each as a line ending in "\\n"."""
+    return lambda stats: (sentence + "\n" for document in
+                          corpus_files.read_tfds_documents(name, split, text_key, data_dir, stats)
+                          for sentence in document)
+
+
+class _Corpus:
+    """The input (`read_lines(stats)` -> its lines, line endings kept), read in two streaming passes
+    (character counts, then pre-tokenized words)."""
+
+    def __init__(self, read_lines: Callable[[corpus_files.ReadStats], Iterator[str]], do_lower_case: bool,
+                 max_sentences: int | None):
+        self.read_lines, self.max_sentences = read_lines, max_sentences
         self.normalizer = tokenization.normalizer(do_lower_case)
         self.pre_tokenizer = tokenization.pre_tokenizer()
         self.char_counts: collections.Counter[str] = collections.Counter()
@@ -63,17 +84,16 @@ class _Corpus:
 
     def _line_batches(self, batch: int = 1000) -> Iterator[list[str]]:
         lines: list[str] = []
-        for path in self.files:
-            for line in corpus_files.text_lines(path, self.read_stats):
-                if not line.strip():
-                    continue
-                if self.max_sentences is not None and self.lines >= self.max_sentences:
-                    break
-                self.lines += 1
-                lines.append(line)
-                if len(lines) == batch:
-                    yield lines
-                    lines = []
+        for line in self.read_lines(self.read_stats):
+            if not line.strip():
+                continue
+            if self.max_sentences is not None and self.lines >= self.max_sentences:
+                break
+            self.lines += 1
+            lines.append(line)
+            if len(lines) == batch:
+                yield lines
+                lines = []
         if lines:
             yield lines
 
@@ -106,26 +126,35 @@ def _wordpiece(piece: str) -> str | None:
     return None if "\u2581" in piece else "##" + piece
 
 
-def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, do_lower_case: bool = True,
-                max_sentences: int | None = None, min_char_count: int = 2, model_type: str = "bpe") -> dict:
+def train_vocab(input_files: str | Sequence[str] | None, vocab_size: int, output_file: str, do_lower_case: bool = True,
+                max_sentences: int | None = None, min_char_count: int = 2, model_type: str = "bpe", *,
+                tfds_name: str | None = None, tfds_split: str = "train", tfds_text_key: str = "text",
+                tfds_data_dir: str | None = None) -> dict:
     """Trains a vocabulary of exactly `vocab_size` tokens and writes it atomically to `output_file`.
 
     Args:
-      input_files: paths or globs of UTF-8 text files.
+      input_files: paths or globs of UTF-8 text files (a list, or one comma-separated string); None or empty
+        with `tfds_name`.
       vocab_size: number of lines of the vocabulary written.
       output_file: the vocab.txt to write (its folder must exist).
       do_lower_case: lowercase and strip accents first (uncased vocabulary), as the Tokenizer will.
       max_sentences: read at most this many non-empty lines (all if None).
       min_char_count: characters seen fewer times are left out.
       model_type: SentencePiece model, "bpe" or "unigram".
+      tfds_name, tfds_split, tfds_text_key, tfds_data_dir: a prepared TFDS text dataset instead of files
+        (create_pretraining_data's --tfds_* flags, read by `corpus.read_tfds_documents`: one example one
+        document, paragraphs split into sentences, each sentence a line).
 
     Returns:
-      statistics: files, lines, words, characters (kept), characters_dropped, pieces (SentencePiece
-      pieces used), unused (filler tokens), vocab_size, seconds, sha256 of the file written.
+      statistics: files (0 for TFDS), tfds_name (None for files), lines, words, characters (kept),
+      characters_dropped, pieces (SentencePiece pieces used), unused (filler tokens), vocab_size, seconds,
+      sha256 of the file written.
 
     Raises:
-      ValueError: no input file matches, a file is not text (`corpus.text_lines`), the corpus has no words, `vocab_size` is too small for the
-        special tokens and two entries per character, or a bad argument.
+      ValueError: neither or both of input_files and tfds_name, no input file matches, a file is not text
+        (`corpus.text_lines`), an unknown TFDS dataset, split or text key (`corpus.tfds_source`), the corpus
+        has no words, `vocab_size` is too small for the special tokens and two entries per character, or a
+        bad argument. One line each.
     """
     start = time.perf_counter()
     if model_type not in ("bpe", "unigram"):
@@ -138,11 +167,18 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
     specials = list(tokenization.SPECIAL_TOKENS)
     if vocab_size < len(specials) + 2:
         raise ValueError(f"vocab_size={vocab_size} is too small")
-    files = corpus_files.expand_input_files(input_files)
-    corpus = _Corpus(files, do_lower_case, max_sentences)
+    if bool(input_files) == bool(tfds_name):
+        raise ValueError("give exactly one of --input_file and --tfds_name")
+    if tfds_name:
+        files, read_lines = [], _tfds_lines(tfds_name, tfds_split, tfds_text_key, tfds_data_dir)
+        source = f"the TFDS dataset {tfds_name!r} (split {tfds_split!r}, feature {tfds_text_key!r})"
+    else:
+        files = corpus_files.expand_input_files(input_files)
+        read_lines, source = _file_lines(files), f"the input files ({', '.join(files)})"
+    corpus = _Corpus(read_lines, do_lower_case, max_sentences)
     corpus.count_characters()
     if not corpus.char_counts:
-        raise ValueError(f"the input files ({', '.join(files)}) contain no text")
+        raise ValueError(f"{source} contain{'s' if tfds_name else ''} no text")
     # Printable ASCII is always in (as in Google's vocabularies): text of another domain then meets no
     # [UNK] for a symbol the training corpus happened to lack (e.g. "=" in WikiText after books).
     always = {chr(c) for c in range(33, 127) if not (do_lower_case and chr(c).isupper())}
@@ -159,7 +195,7 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
     try:
         _train_sentencepiece(spm, corpus, model, model_type, vocab_size + len(corpus.char_counts) + 8)
     except RuntimeError as e:  # e.g. every word longer than 100 characters
-        raise ValueError(f"SentencePiece failed on {', '.join(files)}: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"SentencePiece failed on {source}: {str(e).splitlines()[0]}") from None
     processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
 
     tokens = specials + chars + ["##" + c for c in chars]
@@ -181,7 +217,8 @@ def train_vocab(input_files: Sequence[str], vocab_size: int, output_file: str, d
     data = "".join(t + "\n" for t in tokens).encode("utf-8")
     _write_atomically(output_file, data)
     return {
-        "output_file": output_file, "vocab_size": len(tokens), "files": len(files), "lines": corpus.lines,
+        "output_file": output_file, "vocab_size": len(tokens), "files": len(files), "tfds_name": tfds_name,
+        "lines": corpus.lines,
         "words": corpus.words, "characters": len(chars), "characters_dropped": len(corpus.char_counts) - len(chars),
         "pieces": pieces, "unused": unused, "seconds": round(time.perf_counter() - start, 2),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -214,21 +251,31 @@ def _write_atomically(path: str, data: bytes) -> None:
 def _define_flags() -> None:
     """The CLI's flags (defined only when run as a script, so importing this module defines none)."""
     flags.DEFINE_string("input_file", None, "Comma-separated globs of UTF-8 text files, one sentence or paragraph a line.")
+    # create_pretraining_data's TFDS flags, read by its reader (corpus.read_tfds_documents).
+    flags.DEFINE_string("tfds_name", None, "TFDS text dataset instead of --input_file, e.g. wikipedia/20230601.en.")
+    flags.DEFINE_string("tfds_split", "train", "TFDS split.")
+    flags.DEFINE_string("tfds_text_key", "text", "TFDS feature holding the document text.")
+    flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).")
     flags.DEFINE_string("output_file", None, "The vocab.txt to write.")
     flags.DEFINE_integer("vocab_size", None, "Number of tokens (lines) of the vocabulary.")
     flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (uncased vocabulary).")
     flags.DEFINE_integer("max_sentences", None, "Read at most this many non-empty lines.")
     flags.DEFINE_integer("min_char_count", 2, "Leave out characters seen fewer times.")
-    flags.mark_flags_as_required(["input_file", "output_file", "vocab_size"])
+    flags.mark_flags_as_required(["output_file", "vocab_size"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)  # TFDS logs its registry look-ups at INFO
     FLAGS = flags.FLAGS
     try:
         stats = train_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
-                            FLAGS.max_sentences, FLAGS.min_char_count)
+                            FLAGS.max_sentences, FLAGS.min_char_count, tfds_name=FLAGS.tfds_name,
+                            tfds_split=FLAGS.tfds_split, tfds_text_key=FLAGS.tfds_text_key,
+                            tfds_data_dir=FLAGS.tfds_data_dir)
     except errors.USER_ERRORS as e:
         raise errors.exit_with("vocab", e) from None
     print(json.dumps(stats))
