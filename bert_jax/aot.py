@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the real train step for a TPU topology, on any machine.
 
   pip install 'libtpu==0.0.42.*'   # the version jax 0.10.2 pairs with; no TPU needed
-  python -m bert_jax.aot --config pretrain:base --topology v3-32
+  python -m bert_jax.aot --topology v3-32 --config pretrain:base   # then the launch's own --config.* overrides
 
 Lowers and compiles, for every phase, the very train step `bert_jax.train` runs (`train.build`: the
 same jitted function, shardings, donation and grad_accum_steps) on the topology's compile-only devices
@@ -10,10 +10,16 @@ outputs, total against the chip's HBM), FLOPs per step from the compiled program
 FLOPs (`bert_jax.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
 device. Exit status 1 when a phase does not fit in HBM.
 
+`--topology` takes a `TOPOLOGIES` name or gcloud's accelerator type of the same slice, the value of
+`launch/tpu_vm_pod.sh --accelerator_type` (`topology_for`: v5litepod-16 is v5e-16; v3, v4, v5p and v6e
+names are spelled alike), so a check and a launch can name the pod the same way.
+
 Chip figures, per JAX device as in `TOPOLOGIES`, which are the devices a real slice shows: a v3 chip's
 two TensorCores are two devices; a v4 chip runs its two TensorCores as one "megacore" device (compiled
-with libtpu's `chip_config_name="megacore"`); a v5e chip has one core. v3 core 61.5 bf16 TFLOP/s, 16 GiB,
-450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s; v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s.
+with libtpu's `chip_config_name="megacore"`), and so does a v5p chip (libtpu's default there); v5e and v6e
+chips have one core. v3 core 61.5 bf16 TFLOP/s, 16 GiB, 450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s;
+v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s; v5p chip 459 TFLOP/s, 95 GiB, 2765 GB/s; v6e chip 918 TFLOP/s,
+32 GiB, 1640 GB/s (https://cloud.google.com/tpu/docs/v5p, https://cloud.google.com/tpu/docs/v6e).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class Chip:
 GIB = 1024**3
 _V3, _V5E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v3"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5 lite"]
 _V4 = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v4"]
+_V5P, _V6E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5p"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v6 lite"]
 _MEGACORE = (("chip_config_name", "megacore"),)
 TOPOLOGIES = {
     "v3-32": Chip("v3:4x4x1", _V3, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
@@ -69,7 +76,45 @@ TOPOLOGIES = {
     "v4-128": Chip("v4:4x4x4", _V4, 32 * GIB, 1200e9, _MEGACORE),   # 64 chips
     "v5e-16": Chip("v5e:4x4", _V5E, 16 * GIB, 819e9),      # 16 chips, one core each
     "v5e-64": Chip("v5e:8x8", _V5E, 16 * GIB, 819e9),      # 64 chips
+    # v5p names count TensorCores like v4's (v5p-32 is 16 chips, one megacore device each); v6e names chips.
+    "v5p-32": Chip("v5p:2x2x4", _V5P, 95 * GIB, 2765e9),   # 16 chips
+    "v6e-16": Chip("v6e:4x4", _V6E, 32 * GIB, 1640e9),     # 16 chips
 }
+
+# gcloud's accelerator-type generations (`gcloud compute tpus tpu-vm create --accelerator-type GEN-N`) whose
+# name differs here: a v5e slice of N chips is "v5litepod-N" there. v2, v3, v4, v5p and v6e are spelled alike.
+GCLOUD_GENERATIONS = {"v5litepod": "v5e"}
+
+
+def topology_for(accelerator_type: str) -> str:
+    """The `TOPOLOGIES` name of a slice given as gcloud names it: the one mapping between the launcher's
+    `--accelerator_type` and `--topology` here (a TOPOLOGIES name maps to itself).
+
+    Args:
+      accelerator_type: e.g. "v3-32", "v4-32", "v5litepod-16", "v5p-32", "v6e-16" (gcloud's
+        `--accelerator-type`: GENERATION-N, N TensorCores for v2, v3, v4 and v5p, chips for v5e and v6e),
+        or a TOPOLOGIES name such as "v5e-16".
+
+    Returns:
+      A key of TOPOLOGIES, e.g. "v5e-16" for "v5litepod-16".
+
+    Raises:
+      ValueError: (one line) no topology here for that slice, naming the known ones in both spellings.
+    """
+    generation, sep, size = accelerator_type.partition("-")
+    name = f"{GCLOUD_GENERATIONS.get(generation, generation)}-{size}" if sep else accelerator_type
+    if name not in TOPOLOGIES:
+        raise ValueError(f"--topology {accelerator_type!r} is not one of {sorted(TOPOLOGIES)} (or gcloud's "
+                         f"accelerator type of one: {', '.join(sorted(accelerator_type_of(t) for t in TOPOLOGIES))})")
+    return name
+
+
+def accelerator_type_of(topology: str) -> str:
+    """A TOPOLOGIES name -> gcloud's accelerator type of that slice ("v5e-16" -> "v5litepod-16"); the inverse
+    of `topology_for` (str -> str, no check)."""
+    generation, _, size = topology.partition("-")
+    gcloud = {ours: theirs for theirs, ours in GCLOUD_GENERATIONS.items()}.get(generation, generation)
+    return f"{gcloud}-{size}"
 
 
 def lower_phase(config, devices, phase: train.Phase) -> tuple[jax.stages.Lowered, jax.sharding.Mesh]:
@@ -111,10 +156,14 @@ def compile_phase(config, devices, phase: train.Phase):
 def report(config, topology_name: str) -> bool:
     """Prints the per-phase table; True when every phase fits in HBM.
 
+    Args:
+      config: the pre-training config, as `bert_jax.train` gets it (the recipe and its `--config.*` overrides).
+      topology_name: a key of TOPOLOGIES (`topology_for` turns gcloud's accelerator types into one).
+
     Raises:
       ValueError: (one line) not a pre-training config (a fine-tuning recipe), an unknown config.mesh.preset, a mesh that does not fit the topology's
         devices, or a bad model / phase config; the errors of `compile_phase`.
-      KeyError: `topology_name` is not in TOPOLOGIES (`main` checks it first).
+      KeyError: `topology_name` is not in TOPOLOGIES (`main` maps and checks it first: `topology_for`).
       ImportError: libtpu is not installed (checked first: jax would raise a RuntimeError later).
     """
     import importlib.util
@@ -172,10 +221,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
 
     f = flags.FLAGS
-    if f.topology not in TOPOLOGIES:
-        raise SystemExit(f"--topology {f.topology!r} is not one of {sorted(TOPOLOGIES)}")
     try:
-        ok = report(f.config, f.topology)
+        ok = report(f.config, topology_for(f.topology))
     except ImportError as e:
         raise SystemExit(f"aot: {e} (install libtpu: pip install 'libtpu==0.0.42.*')") from None
     except errors.USER_ERRORS as e:
@@ -183,12 +230,22 @@ def main(argv):
     sys.exit(0 if ok else 1)
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+    """Defines the command line's flags: `--config` (a pre-training recipe and its `--config.*` overrides, parsed
+    as `bert_jax.train` parses them) and `--topology` (a TOPOLOGIES name or gcloud's accelerator type)."""
     from absl import flags
-    from bert_jax import configs, console
+    from bert_jax import configs
+
+    configs.define_flag("Pre-training config, e.g. pretrain:base (a recipe name, or a config file path).")
+    gcloud = ", ".join(accelerator_type_of(t) for t in TOPOLOGIES)
+    flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}, or gcloud's accelerator type of one "
+                        f"(the launcher's --accelerator_type: {gcloud}).")
+    flags.mark_flags_as_required(["config"])
+
+
+if __name__ == "__main__":
+    from bert_jax import console
 
     console.install()
-    configs.define_flag("Pre-training config, e.g. pretrain:base (a recipe name, or a config file path).")
-    flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}.")
-    flags.mark_flags_as_required(["config"])
+    define_flags()
     errors.run(main, "aot")

@@ -2,24 +2,33 @@
 # Runs bert_jax on a Cloud TPU VM pod: create the slice, ship the package (code only) to every worker and
 # install it, start pre-training (or another entry point) on all workers, stream worker 0's log until its
 # process exits, and with --delete delete the slice when the script ends (training done, a failed step,
-# or Ctrl-C / SIGTERM).
+# a preemption that breaks the log stream, or Ctrl-C / SIGTERM).
 #
 #   launch/tpu_vm_pod.sh --name bert-base --zone europe-west4-a --accelerator_type v3-32 \
-#       --workdir gs://my-bucket/bert-base -- --config pretrain:base \
-#       --config.model.dtype=bfloat16 --config.phases[0].data_dir=gs://my-bucket/docs \
-#       --config.phases[1].data_dir=gs://my-bucket/docs
+#       --workdir gs://my-bucket/bert-base --delete -- --config pretrain:base \
+#       --config.model.dtype=bfloat16 '--config.phases[0].data_dir=gs://my-bucket/docs' \
+#       '--config.phases[1].data_dir=gs://my-bucket/docs'
+#
+# Check the program first, on any machine: `python -m bert_jax.aot --topology TYPE` with the same --config
+# arguments as after `--` (the script prints that command; bert_jax.aot takes gcloud's TYPE as is).
+# To resume after a preemption: with --delete the slice is gone, so run the same command again (a new slice;
+# the run continues from the newest checkpoint in --workdir). Without --delete, add --no_create while the
+# slice is READY; a preempted slice never is again: delete it, then run the command without --no_create.
 #
 # Options:
 #   --name NAME               the TPU VM (with --queued, also the queued resource's name)      required
 #   --zone ZONE               e.g. europe-west4-a                                               required
-#   --accelerator_type TYPE   e.g. v3-32, v4-32, v5litepod-16                                   required
+#   --accelerator_type TYPE   gcloud's: v2-8, v3-32, v4-32, v5litepod-16, v5p-32, v6e-16        required
 #   --workdir URI             the run directory, gs://... on a multi-host slice                 required
-#   --runtime_version V       the TPU VM image (default tpu-ubuntu2204-base)
+#   --runtime_version V       the TPU VM image (default: the one for TYPE's generation: v2, v3, v4
+#                             tpu-ubuntu2204-base; v5litepod v2-alpha-tpuv5-lite; v5p v2-alpha-tpuv5;
+#                             v6e v2-alpha-tpuv6e)
 #   --module M                the entry point (default bert_jax.train; e.g. bert_jax.tasks.squad)
 #   --spot                    a spot slice (cheaper, preemptible)
 #   --queued                  obtain the slice through a queued resource (waits until it is ACTIVE)
-#   --no_create               use the existing slice NAME: how to resume after a preemption (the run
-#                             continues from the newest checkpoint in --workdir, never from scratch)
+#   --no_create               use the existing slice NAME, which must be READY (checked): how to restart the
+#                             training on a slice that is still up (the run continues from the newest
+#                             checkpoint in --workdir, never from scratch); never after --delete
 #   --no_follow               do not stream worker 0's log
 #   --delete                  delete the slice (and the queued resource) when the script ends
 #   --dry_run                 print every remote command instead of running it (the archive is built)
@@ -30,7 +39,7 @@
 # Workers use the image's Python if it is >= 3.11, else install CPython 3.11 with uv (needs internet).
 set -euo pipefail
 
-NAME="" ZONE="" ACCELERATOR="" RUNTIME="tpu-ubuntu2204-base" WORKDIR="" MODULE="bert_jax.train"
+NAME="" ZONE="" ACCELERATOR="" RUNTIME="" WORKDIR="" MODULE="bert_jax.train"
 PROJECT_DIR="bert_jax" DRY_RUN=0 DELETE=0 CREATE=1 FOLLOW=1 SPOT=0 QUEUED=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
@@ -58,6 +67,29 @@ for var in NAME ZONE ACCELERATOR WORKDIR; do
     echo "tpu_vm_pod.sh: --$flag is required" >&2; exit 2
   fi
 done
+# The TPU VM image (gcloud's --version / --runtime-version) for JAX on each TPU generation, as Google Cloud's
+# "TPU software versions" page gives them (https://cloud.google.com/tpu/docs/runtimes#pytorch_and_jax): v4 and
+# older tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e (Trillium) v2-alpha-tpuv6e.
+# TYPE is gcloud's accelerator type (a v5e slice is v5litepod-N there; bert_jax.aot's topology_for maps it).
+runtime_for() {  # TYPE -> the image on stdout; status 1 for a type of no known generation
+  [[ $1 =~ ^(v2|v3|v4|v5litepod|v5p|v6e)-[0-9]+$ ]] || return 1
+  case "${BASH_REMATCH[1]}" in
+    v2|v3|v4) echo tpu-ubuntu2204-base ;;
+    v5litepod) echo v2-alpha-tpuv5-lite ;;
+    v5p) echo v2-alpha-tpuv5 ;;
+    v6e) echo v2-alpha-tpuv6e ;;
+  esac
+}
+if [[ -z $RUNTIME ]]; then
+  if ! RUNTIME=$(runtime_for "$ACCELERATOR"); then
+    if [[ $ACCELERATOR =~ ^v5e-([0-9]+)$ ]]; then
+      echo "tpu_vm_pod.sh: --accelerator_type $ACCELERATOR is bert_jax.aot's name: gcloud's is v5litepod-${BASH_REMATCH[1]}" >&2
+    else
+      echo "tpu_vm_pod.sh: --accelerator_type $ACCELERATOR is not one of v2-N, v3-N, v4-N, v5litepod-N, v5p-N, v6e-N (gcloud's names): give --runtime_version to use it as is" >&2
+    fi
+    exit 2
+  fi
+fi
 # A slice of more than 8 cores (v2, v3) or chips (v4, v5) spans several hosts: every path must be shared.
 SIZE=${ACCELERATOR##*-}
 if [[ $SIZE =~ ^[0-9]+$ && $SIZE -gt 8 ]]; then
@@ -71,6 +103,22 @@ if [[ $SIZE =~ ^[0-9]+$ && $SIZE -gt 8 ]]; then
         fi ;;
     esac
   done
+fi
+
+if [[ $CREATE == 1 ]]; then echo "runtime image: $RUNTIME (for $ACCELERATOR; --runtime_version overrides)"; fi
+quote() {  # a word as bash and zsh both read it back: as is when plain, else in single quotes
+  if [[ $1 =~ ^[A-Za-z0-9_./:=,@+-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+if [[ $MODULE == bert_jax.train ]]; then  # the program these arguments train, compiled for the slice on any machine
+  printf 'aot check (any machine with libtpu): python -m bert_jax.aot --topology %s' "$(quote "$ACCELERATOR")"
+  AOT_NEXT=0
+  for value in "$@"; do  # the --config arguments: the recipe and its --config.* overrides
+    if [[ $AOT_NEXT == 1 || $value == --config || $value == --config=* || $value == --config.* ]]; then
+      printf ' %s' "$(quote "$value")"
+    fi
+    AOT_NEXT=0; [[ $value == --config ]] && AOT_NEXT=1
+  done
+  printf '\n'
 fi
 
 run() {  # prints the command; runs it unless --dry_run
@@ -89,7 +137,17 @@ ENTRY_ARGS=$(printf ' %q' --workdir "$WORKDIR" "$@")
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 SPOT_FLAG=(); [[ $SPOT == 1 ]] && SPOT_FLAG=(--spot)
 
-if [[ $CREATE == 1 ]]; then
+if [[ $CREATE == 0 ]]; then  # resuming on a slice that must still be up: not deleted (--delete), not preempted
+  DESCRIBE=("${TPU[@]}" describe "$NAME" --zone "$ZONE" --format='value(state)')
+  printf '+'; printf ' %q' "${DESCRIBE[@]}"; printf '\n'
+  if [[ $DRY_RUN == 0 ]]; then
+    STATE=$("${DESCRIBE[@]}" 2>/dev/null || true)
+    if [[ $STATE != READY ]]; then
+      echo "tpu_vm_pod.sh: --no_create, but slice $NAME in $ZONE is ${STATE:-not there (deleted, e.g. by a run with --delete)}, not READY: run the same command without --no_create (a new slice; the run resumes from the newest checkpoint in --workdir), after deleting a preempted slice" >&2
+      exit 2
+    fi
+  fi
+else
   if [[ $QUEUED == 1 ]]; then
     run "${QR[@]}" create "$NAME" --node-id "$NAME" --zone "$ZONE" --accelerator-type "$ACCELERATOR" \
       --runtime-version "$RUNTIME" "${SPOT_FLAG[@]}"

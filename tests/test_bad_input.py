@@ -203,3 +203,49 @@ def test_extract_features_and_demo(inputs):
     (tmp / "corpus10.txt").write_text("".join(f"Sentence number {i} of the corpus.\n" for i in range(12)))
     check_refused(tmp, ["bert_jax.demo", f"--corpus={tmp / 'corpus10.txt'}", f"--workdir={tmp / 'afile'}"],
                   "demo: --workdir=", "afile", "not a directory")
+
+
+def _refused_in(cwd, args, *expected: str) -> str:
+    """`check_refused`, run from `cwd` (inputs written relative to it, as a user in that directory writes them)."""
+    before = _tree(cwd)
+    result = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert result.returncode == 1, (args, result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr and len(lines) == 1, (args, result.stderr[-3000:])
+    for text in expected:
+        assert text in lines[0], (args, lines[0])
+    assert _tree(cwd) == before, (args, "left behind", set(_tree(cwd)) ^ set(before))
+    return lines[0]
+
+
+def test_a_recipe_name_that_is_also_a_path_here(tmp_path):
+    """Issue #50: `--config squad` run where the user's data folder `squad` is in the working directory: one
+    line saying which is which and how to write each; `./squad` (the folder, written as a path) is not a
+    config file. Every entry point parses --config with `configs.define_flag` (tests/test_configs.py: the
+    clash with a file, `pretrain:tiny` beside `./pretrain`)."""
+    from bert_jax import configs
+
+    (tmp_path / "squad").mkdir()
+    (tmp_path / "squad" / "train-v1.1.json").write_text("{}")
+    recipes = os.path.dirname(configs.__file__)
+    _refused_in(tmp_path, ["bert_jax.tasks.squad", "--config", "squad:tiny", "--workdir=run"],
+                "--config=squad:tiny: 'squad' is both the recipe squad and the directory ./squad in the working "
+                f"directory: write --config={recipes}/squad.py:tiny for the recipe (or run from another directory), "
+                "--config=./squad:tiny for the directory")
+    _refused_in(tmp_path, ["bert_jax.aot", "--config", "./squad", "--topology", "v3-8"],
+                "--config=./squad: a directory, not a config file")
+
+
+def test_errors_name_the_output_dir_and_the_input_as_written(inputs):
+    """Issue #50: an --output_dir that cannot be created (under a regular file: refused for root too) is
+    named as given (relative), never by the hidden staging directory made beside it; a corpus with no text
+    names the --input_file given, with static instances and --tokenize_only."""
+    tmp, vocab = inputs
+    (tmp / "empty.txt").write_text("\n  \n")
+    base = ["bert_jax.data.create_pretraining_data", f"--vocab_file={vocab}"]
+    line = _refused_in(tmp, base + ["--input_file=corpus.txt", "--output_dir=afile/sub"],
+                       "create_pretraining_data: --output_dir='afile/sub' is inside", "not a directory")
+    assert "staging" not in line
+    for extra in ([], ["--tokenize_only"]):
+        _refused_in(tmp, base + extra + ["--input_file=empty.txt", "--output_dir=out"],
+                    "create_pretraining_data: --input_file=empty.txt: no document with a non-empty sentence in it")
