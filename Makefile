@@ -23,11 +23,18 @@ $(TEST_STAMP): setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
 	touch $(TEST_STAMP)
 
 # Task files for the demo's fine-tuning stages (and their training text for its corpus): SQuAD in
-# $(SQUAD_DIR), GLUE's SST-2 in $(GLUE_DIR)/SST-2; by default the shared data folder when present.
-SQUAD_DIR ?= $(wildcard ../shared/data/squad)
-GLUE_DIR ?= $(wildcard ../shared/data/glue)
+# $(SQUAD_DIR), GLUE's SST-2 in $(GLUE_DIR)/SST-2; by default the shared data folder when present, else the
+# ignored folder .data, where `make demo` fetches them once (the download command, sha256-checked). Offline,
+# the demo runs without them and says which stages it skipped and the command that fetches them.
+SQUAD_DIR ?= $(or $(wildcard ../shared/data/squad),.data/squad)
+GLUE_DIR ?= $(or $(wildcard ../shared/data/glue),.data/glue)
 
-demo: $(DEMO_STAMP)
+.data/squad/dev-v1.1.json .data/glue/SST-2/dev.tsv: | $(DEMO_STAMP)
+	@$(VENV)/bin/python -m bert_jax.data.download $(if $(findstring squad,$@),squad,glue) \
+	    --output_dir $(dir $(patsubst %/SST-2/dev.tsv,%/,$@)) $(if $(DATA_MIRROR),--base_url $(DATA_MIRROR)) \
+	    || echo "make demo: could not fetch $(if $(findstring squad,$@),SQuAD,GLUE) (offline?); the demo skips its stage" >&2
+
+demo: $(DEMO_STAMP) $(filter .data/%,$(SQUAD_DIR)/dev-v1.1.json $(GLUE_DIR)/SST-2/dev.tsv)
 	SQUAD_DIR="$(SQUAD_DIR)" GLUE_DIR="$(GLUE_DIR)" $(VENV)/bin/python -m bert_jax.demo
 
 # The tests' data (tests/conftest.py reads BERT_JAX_DATA, default ../shared/data). When neither is there (a

@@ -240,6 +240,25 @@ def test_make_test_fetches_only_without_the_data_folder(tmp_path):
 
 
 @pytest.mark.integration
+def test_make_demo_fetches_the_task_files_only_without_the_data_folder(tmp_path):
+    """A fresh clone (no ../shared/data): `make demo` fetches SQuAD and GLUE with the download command into .data
+    and gives the demo those folders; offline it goes on (the demo skips those stages and says how to fetch them);
+    beside the shared data folder it fetches nothing."""
+    dry = _make(tmp_path, "-n", "demo")
+    for dataset in ("squad", "glue"):
+        assert f"bert_jax.data.download {dataset}" in dry.stdout and f"--output_dir .data/{dataset}/" in dry.stdout
+    assert 'SQUAD_DIR=".data/squad" GLUE_DIR=".data/glue"' in dry.stdout and "-m bert_jax.demo" in dry.stdout
+    (tmp_path / "repo" / ".data" / "glue" / "SST-2").mkdir(parents=True)
+    (tmp_path / "repo" / ".data" / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\n")  # fetched before
+    offline = _make(tmp_path, "-n", "demo", "DATA_MIRROR=http://127.0.0.1:9")
+    assert "download squad" in offline.stdout and "download glue" not in offline.stdout, offline.stdout
+    (tmp_path / "shared" / "data" / "squad").mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "glue").mkdir(parents=True)
+    dry = _make(tmp_path, "-n", "demo")
+    assert "bert_jax.data.download" not in dry.stdout and "shared/data/squad" in dry.stdout, dry.stdout
+
+
+@pytest.mark.integration
 def test_make_test_without_network_says_what_to_set(tmp_path):
     result = _make(tmp_path, "test", "DATA_MIRROR=http://127.0.0.1:9")
     lines = result.stderr.strip().splitlines()
