@@ -186,6 +186,28 @@ def test_dropout_rate_scaling_and_independence(name):
     assert dropout.apply({}, x, deterministic=True) is x
 
 
+def test_hashed_dropout_gradient_recomputes_the_same_mask():
+    """HashedDropout's gradient (the mask recomputed from the seeds, none kept) equals autodiff of the plain form
+    where(mask, x / p, 0) with the module's seeds, float32 and bfloat16, inside jit and under jax.checkpoint."""
+    key = jax.random.key(4)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jax.random.normal(jax.random.key(1), (2, 3, 16, 16), dtype)
+        g = jax.random.normal(jax.random.key(2), x.shape, dtype)
+        layer = hashed.HashedDropout(0.1)
+        ours = lambda v: jnp.sum(layer.apply({}, v, deterministic=False, rngs={"dropout": key}) * g)
+
+        seed = layer.apply({}, rngs={"dropout": key}, method=lambda m: hashed.seeds(m.make_rng("dropout")))
+
+        def plain(v):
+            keep, p = hashed.seeded_keep_mask(seed, v.shape, 0.1)
+            return jnp.sum(jnp.where(keep, v * jnp.asarray(1 / p, v.dtype), 0) * g)
+
+        want = jax.grad(plain)(x)
+        for fn in (jax.grad(ours), jax.jit(jax.grad(ours)), jax.jit(jax.grad(jax.checkpoint(ours)))):
+            np.testing.assert_array_equal(np.asarray(fn(x), np.float32), np.asarray(want, np.float32))
+        assert float(jnp.mean(want == 0)) > 0.05  # dropped elements get no gradient
+
+
 def test_hashed_keep_mask_rates_for_other_rates_and_shapes():
     for rate, shape in ((0.5, (4096,)), (0.25, (64, 512))):
         keep, p = hashed.keep_mask(jax.random.key(3), shape, rate)

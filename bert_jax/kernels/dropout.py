@@ -17,11 +17,13 @@ index only, so it is the same under any sharding and bit-exact on resume (the ke
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -69,6 +71,15 @@ def keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, f
     Raises:
       ValueError: a 0-d shape.
     """
+    return seeded_keep_mask(seeds(rng), shape, rate)
+
+
+def seeded_keep_mask(seed: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
+    """`keep_mask` from its two seeds (uint32 [2], `seeds(rng)`) instead of the key.
+
+    Raises:
+      ValueError: a 0-d shape.
+    """
     if not shape:
         raise ValueError("dropout needs an input with at least one axis")
     lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
@@ -77,12 +88,37 @@ def keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, f
     inner = (jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 1) * jnp.uint32(cols)
              + jax.lax.broadcasted_iota(jnp.uint32, (1, rows, cols), 2))
     drop = threshold(rate)
-    return (hash_bits(seeds(rng), outer, inner) >= drop).reshape(shape), 1.0 - drop / RESOLUTION
+    return (hash_bits(seed, outer, inner) >= drop).reshape(shape), 1.0 - drop / RESOLUTION
+
+
+def _apply(x: Array, seed: Array, rate: float) -> Array:
+    keep, keep_prob = seeded_keep_mask(seed, x.shape, rate)
+    return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dropout(x: Array, seed: Array, rate: float) -> Array:
+    """Inverted dropout of x (any shape, at least 1-D, floating) with `seeded_keep_mask(seed, x.shape, rate)`;
+    the gradient recomputes the mask from the seeds, so no mask is kept between the passes (a pass over the
+    indices instead of a [x.shape] boolean written and read back)."""
+    return _apply(x, seed, rate)
+
+
+def _dropout_fwd(x, seed, rate):
+    return _apply(x, seed, rate), seed
+
+
+def _dropout_bwd(rate, seed, g):
+    return _apply(g, seed, rate), np.zeros(seed.shape, dtype=jax.dtypes.float0)
+
+
+dropout.defvjp(_dropout_fwd, _dropout_bwd)
 
 
 class HashedDropout(nn.Module):
     """Inverted dropout on the "dropout" PRNG stream with the mask of `keep_mask`: drops with
-    probability round(rate * RESOLUTION) / RESOLUTION and scales the rest by 1 / keep probability."""
+    probability round(rate * RESOLUTION) / RESOLUTION and scales the rest by 1 / keep probability; the
+    gradient recomputes the mask (`dropout`)."""
 
     rate: float
 
@@ -99,5 +135,6 @@ class HashedDropout(nn.Module):
             return x
         if self.rate >= 1.0 or threshold(self.rate) == RESOLUTION:
             return jnp.zeros_like(x)
-        keep, keep_prob = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-        return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
+        if not x.shape:
+            raise ValueError("dropout needs an input with at least one axis")
+        return dropout(x, seeds(self.make_rng("dropout")), self.rate)
