@@ -8,7 +8,7 @@
   gelu                 jax.nn.gelu(approximate=False), float32   xla_cpu, tpu, splash: hand-written gradient
   feed-forward dense   flax Dense's lax.dot_general              xla_cpu: kernel gradient from x^T, held apart
   tied MLM logits      einsum + bias                             xla_cpu: hand-written gradient
-  dropout              flax.linen.Dropout (JAX PRNG, one draw    xla_cpu, tpu, splash, gpu: counter-hash mask
+  dropout              flax.linen.Dropout (JAX PRNG, one draw    xla_cpu, gpu: counter-hash mask
                        per element)                              (`bert_jax.kernels.dropout`)
   attention            the model's softmax(q k^T + mask) v       splash: Pallas splash attention (TPU);
                                                                  gpu: cuDNN fused attention
@@ -16,7 +16,7 @@
 Sets:
   reference  the plain forms (`bert_jax.kernels.reference`); the truth every other set is tested against.
   xla_cpu    forms written for XLA's CPU backend (`bert_jax.kernels.xla_cpu`).
-  tpu        the reference with xla_cpu's GELU and the hashed dropout (`bert_jax.kernels.tpu`).
+  tpu        the reference with xla_cpu's GELU (`bert_jax.kernels.tpu`).
   splash     the tpu set with Pallas splash attention (`bert_jax.kernels.splash`), for TPU runs without
              attention-probability dropout (the model raises ValueError otherwise); only chosen by name.
   gpu        the reference with the hashed dropout and cuDNN's fused attention where cuDNN takes the layer

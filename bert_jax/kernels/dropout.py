@@ -1,12 +1,13 @@
-"""Dropout whose keep mask is a counter-based hash of each element's index: the dropout of every kernel set
-but the reference.
+"""Dropout whose keep mask is a counter-based hash of each element's index: the dropout of the xla_cpu and gpu
+kernel sets.
 
 Inverted dropout (Srivastava et al. 2014; the original BERT's `dropout`: keep with probability 1 - rate,
 scale the kept by 1 / (1 - rate)) draws one random number per element with the JAX PRNG (`flax.linen.Dropout`,
 threefry by default): about 20 rounds of 32-bit arithmetic per pair of elements, which is what a BERT step's
 attention-probability dropout ([B, N, L, L] per layer) costs on every backend. Here only two 32-bit seeds are
 drawn per call; each element's bits are two rounds of MurmurHash3's finaliser over (seeds, index), integer
-operations that XLA fuses into the consumer on CPU, GPU and TPU alike.
+operations that XLA fuses into the consumer (on a TPU the program moves slightly more HBM bytes than with
+threefry, so the tpu set keeps JAX's: benchmarks/README.md).
 
 Properties (tests/test_kernels.py): keep probability 1 - round(rate * 65536) / 65536 (0.8999939 for 0.1);
 masks of neighbouring elements, of the calls of one step (a new key each: flax's `make_rng`, split per layer

@@ -1,10 +1,11 @@
-"""The "tpu" kernel set: the reference forms with two kernels replaced.
+"""The "tpu" kernel set: the reference forms with one kernel replaced.
 
-  gelu     the exact (erf) GELU whose gradient recomputes Phi(x) and phi(x) from x instead of keeping
-           autodiff's intermediates (`bert_jax.kernels.xla_cpu.gelu`; same value and gradient as the
-           reference, tests/test_kernels.py).
-  dropout  the counter-hash mask (`bert_jax.kernels.dropout.HashedDropout`): two random words per call
-           instead of one threefry draw per element.
+  gelu   the exact (erf) GELU whose gradient recomputes Phi(x) and phi(x) from x instead of keeping
+         autodiff's intermediates (`bert_jax.kernels.xla_cpu.gelu`; same value and gradient as the
+         reference, tests/test_kernels.py).
+
+Dropout stays the reference's (JAX's partitionable threefry): the counter-hash mask of the other sets makes
+the TPU program move more HBM bytes per step (benchmarks/aot_kernels.py, benchmarks/README.md).
 
 `model.kernels="auto"` resolves to this set when compiling for a TPU.
 """
@@ -13,6 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_jax.kernels import dropout, reference, xla_cpu
+from bert_jax.kernels import reference, xla_cpu
 
-KERNELS = dataclasses.replace(reference.KERNELS, name="tpu", gelu=xla_cpu.gelu, dropout=dropout.HashedDropout)
+KERNELS = dataclasses.replace(reference.KERNELS, name="tpu", gelu=xla_cpu.gelu)
