@@ -19,8 +19,11 @@ Stages (each the library call or command a user would make, with progress bars):
      from random initialisation with the same recipe (`bert_jax.experiment.PROBES`): SST-2 on 2000
      training sentences when --glue_dir (else $GLUE_DIR) holds SST-2/, and SQuAD v1.1 when
      --squad_dir (else $SQUAD_DIR) holds its files; without them the demo says how to get them;
-  6. a summary: MLM / NSP accuracy per phase, checkpoint paths, and per fine-tuning stage the
-     pre-trained score beside the random-init one; PNGs of the training curves.
+  6. a summary: MLM / NSP accuracy and loss per phase, each beside what a model that does not learn from the
+     text scores on the same steps' targets (`no_learning_baselines`: the unigram, the most frequent token,
+     the label prior), checkpoint paths, and per fine-tuning stage the pre-trained score beside the random-init
+     one and the majority label's, the final training loss beside the training labels' prior; PNGs of the
+     training curves.
 """
 
 from __future__ import annotations
@@ -127,21 +130,77 @@ def pretrain_config(workdir: str, vocab_size: int, total_steps: int | None, dyna
         p.data_dir = os.path.join(workdir, "data", "documents" if dynamic else f"length{p.max_seq_length}")
         p.packing = dynamic
     config.mesh.data, config.mesh.tensor = 4, 2
-    config.log_every = 10
+    # About 50 logs a run, at most every 10 steps: the summary's figures (the last 3 logs of each phase) then come
+    # from the end of each phase also in a short run
+    config.log_every = max(1, min(10, config.total_steps // 50))
     config.checkpoint_every = config.total_steps
     return config
 
 
+SUMMARY_LOGS = 3  # the summary's figures per phase: the mean over its last SUMMARY_LOGS logs
+
+
 def phase_summary(records: list[dict], phases) -> list[dict]:
-    """Mean metrics over the last 3 logs of each phase."""
+    """Mean metrics over the last SUMMARY_LOGS logs of each phase, and those logs' steps."""
     out = []
     for p in phases:
-        logs = [r for r in records if p.start < r["step"] <= p.end][-3:]
+        logs = [r for r in records if p.start < r["step"] <= p.end][-SUMMARY_LOGS:]
         if logs:
             out.append({"phase": p.index, "max_seq_length": p.max_seq_length, "steps": f"{p.start}-{p.end}",
+                        "logged_steps": [r["step"] for r in logs],
                         **{k: sum(r[k] for r in logs) / len(logs)
                            for k in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")}})
     return out
+
+
+def no_learning_baselines(config, phases, summary_phases: list[dict]) -> None:
+    """Adds to each entry of `phase_summary` what a model that does not learn from the text scores on exactly the
+    targets of its logged steps (the batches those steps trained on, drawn again from the phase's data in the
+    same order; each step's figure, then their mean as the summary's):
+      unigram_mlm_loss            the cross-entropy of the phase data's token frequencies (add-one smoothed, as
+                                  `pretraining.masked_token_log_prior`): what a model blind to the context reaches
+                                  (the demo's MLM bias starts there);
+      most_frequent_mlm_accuracy  the accuracy of always naming the data's most frequent token;
+      nsp_prior_loss              the entropy of the step's NotNext rate (a label-blind model that knew it);
+      majority_nsp_accuracy       the accuracy of always naming the step's more frequent label."""
+    import numpy as np
+
+    from bert_jax import train
+    from bert_jax.data import pretraining
+
+    by_index = {p.index: p for p in phases}
+    for entry in summary_phases:
+        phase = by_index[entry["phase"]]
+        log_q = pretraining.masked_token_log_prior(phase.data_dir, config.model.vocab_size).astype(np.float64)
+        log_q -= np.log(np.exp(log_q).sum())
+        most_frequent = int(np.argmax(log_q))
+        steps, figures = set(entry["logged_steps"]), []
+        it = train.iterator(phase, config, None)
+        try:
+            for step in range(phase.start + 1, max(steps) + 1):
+                batch = next(it)
+                if step not in steps:
+                    continue
+                ids, w = batch["masked_lm_ids"], batch["masked_lm_weights"]
+                labels = batch["next_sentence_labels"]
+                label_w = batch.get("next_sentence_weights", np.ones(labels.shape, np.float32))
+                not_next = float((label_w * labels).sum() / label_w.sum())
+                prior = -sum(q * np.log(q) for q in (not_next, 1.0 - not_next) if q > 0)
+                figures.append({"unigram_mlm_loss": float(-(w * log_q[ids]).sum() / w.sum()),
+                                "most_frequent_mlm_accuracy": float((w * (ids == most_frequent)).sum() / w.sum()),
+                                "nsp_prior_loss": float(prior), "majority_nsp_accuracy": max(not_next, 1 - not_next)})
+        finally:
+            it.close()
+        entry.update({k: sum(f[k] for f in figures) / len(figures) for k in figures[0]})
+
+
+def label_prior_loss(labels) -> float:
+    """The entropy (nats) of the labels' frequencies: the loss of a label-blind classifier that knew them."""
+    import numpy as np
+
+    counts = np.bincount(np.asarray(labels, np.int64))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
 
 
 def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str | None, vocab_size: int,
@@ -226,9 +285,10 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
                                 os.path.join(pretrain_dir, "training_curves.png"),
                                 title="bert_jax demo: pre-training (dashed: phase switch)",
                                 vertical_lines=[p.start for p in phases[1:]])
-    summary = {"corpus": corpus_file, "vocab_file": vocab_file, "phases": phase_summary(records, phases),
+    summarised = phase_summary(records, phases)
+    no_learning_baselines(config, phases, summarised)
+    summary = {"corpus": corpus_file, "vocab_file": vocab_file, "phases": summarised,
                "pretrain_seconds": round(time.perf_counter() - pretrain_start, 1),
-               "chance_mlm_accuracy": 1.0 / tokenizer.vocab_size,
                "checkpoints": [os.path.join(pretrain_dir, "checkpoints", str(s)) for s in sorted(
                    int(d) for d in os.listdir(os.path.join(pretrain_dir, "checkpoints")) if d.isdigit())],
                "tensorboard": os.path.join(pretrain_dir, "tensorboard"), "curves_png": png, "finetune": {}}
@@ -267,6 +327,15 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
                 metrics = json.load(f)
             scores[name] = float(metrics[experiment.PROBES[probe].metric])
             scores[f"{name}_workdir"] = out_dir
+            scores[f"{name}_train_loss"] = float(metrics["train_loss"])
+            if "majority_accuracy" in metrics:  # a classification task: the dev share of its most frequent label
+                scores["majority"] = float(metrics["majority_accuracy"])
+        if probe.startswith("sst2"):  # the loss of a label-blind classifier on the training sentences used
+            from bert_jax.data import glue
+
+            train_examples = glue.read_glue_tsv("sst2", os.path.join(overrides["data_dir"], "train.tsv"))
+            scores["train_prior_loss"] = label_prior_loss(
+                [e.label for e in train_examples[:overrides["max_train_examples"]]])
         summary["finetune"][probe] = dict(scores, title=title)
     summary["seconds"] = round(time.perf_counter() - start, 1)
     storage.write_json(os.path.join(workdir, "summary.json"), summary)
@@ -278,8 +347,12 @@ def _print_summary(summary: dict) -> None:
     print("\n=== bert_jax demo summary ===")
     for p in summary["phases"]:
         print(f"pre-training phase {p['phase'] + 1} (length {p['max_seq_length']}, steps {p['steps']}): "
-              f"MLM accuracy {p['mlm_accuracy']:.3f} (loss {p['mlm_loss']:.3f}; chance "
-              f"{summary['chance_mlm_accuracy']:.4f}), NSP accuracy {p['nsp_accuracy']:.3f}")
+              f"MLM accuracy {p['mlm_accuracy']:.3f} (most frequent token {p['most_frequent_mlm_accuracy']:.3f}), "
+              f"loss {p['mlm_loss']:.3f} (unigram {p['unigram_mlm_loss']:.3f}); NSP accuracy {p['nsp_accuracy']:.3f} "
+              f"(majority label {p['majority_nsp_accuracy']:.3f}), loss {p['nsp_loss']:.3f} (label prior "
+              f"{p['nsp_prior_loss']:.3f})")
+    if summary["phases"]:
+        print("  (in brackets: what a model that does not learn from the text scores on the same steps' targets)")
     print(f"pre-training time: {summary['pretrain_seconds']:.0f} s; checkpoints: {', '.join(summary['checkpoints'])}")
     print(f"TensorBoard: {summary['tensorboard']}   curves: {summary['curves_png']}")
     for probe, result in summary["finetune"].items():
@@ -291,6 +364,16 @@ def _print_summary(summary: dict) -> None:
             gain = result["pretrained"] - result["random"]
             line += f", random init {result['random']:.1f} (same recipe): {gain:+.1f} from pre-training"
         print(line)
+        notes = []
+        if "majority" in result:
+            notes.append(f"the majority label scores {result['majority']:.1f}")
+        if "pretrained_train_loss" in result:
+            notes.append(f"final training loss {result['pretrained_train_loss']:.3f} (pre-trained)" + (
+                f", {result['random_train_loss']:.3f} (random init)" if "random_train_loss" in result else "") + (
+                f" against {result['train_prior_loss']:.3f} for the training labels' prior"
+                if "train_prior_loss" in result else ""))
+        if notes:
+            print(f"  {'; '.join(notes)}")
     if any(isinstance(r, dict) and "random" in r and r["pretrained"] <= r["random"]
            for r in summary["finetune"].values()):
         print(f"pre-training this short (a few minutes of the tiny model) does not beat random init yet. The budget "

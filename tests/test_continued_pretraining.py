@@ -1,7 +1,6 @@
 """Continued pre-training (config.init_checkpoint) against transformers, workdirs that carry their
 vocabulary and architecture, and the conversion command."""
 
-import functools
 import json
 import os
 import shutil
@@ -111,46 +110,109 @@ def gutenberg_documents(data_dir, minilm_dir, tmp_path_factory):
     return out / "docs"
 
 
+def _real_sentences(data_dir, n=4):
+    """`n` Gutenberg sentences of different lengths (a padded batch)."""
+    with open(data_dir / "corpus" / "gutenberg-sentences.txt", encoding="utf-8") as f:
+        lines = [line.strip() for line in (next(f) for _ in range(200)) if len(line.split()) > 3]
+    return sorted(lines[:40], key=len)[:: 40 // n][:n]
+
+
+def test_minilm_files_load_as_transformers_loads_them(minilm_dir, data_dir):
+    """The real all-MiniLM-L6-v2 files, read by transformers (`AutoModel.from_pretrained`, torch, float32) and by
+    bert_jax (`convert.from_hf`): every hidden state (embeddings, 6 layers) and the pooled output equal within
+    float32 rounding on a padded batch of real sentences, and the file's pooler (its only head) is in the tree
+    value for value, read from the safetensors file directly."""
+    from safetensors.numpy import load_file
+
+    from bert_jax import modeling
+
+    theirs = transformers.AutoModel.from_pretrained(minilm_dir, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    batch = tokenizer(_real_sentences(data_dir), padding=True, return_tensors="np")
+    assert batch["attention_mask"].min() == 0  # padded: the mask matters
+    with torch.no_grad():
+        want = theirs(**{k: torch.tensor(v) for k, v in batch.items()}, output_hidden_states=True)
+    config, params = convert.from_hf(str(minilm_dir))
+    ours = modeling.BertModel(config).apply(
+        {"params": params["bert"]}, *(np.asarray(batch[k], np.int32) for k in ("input_ids", "token_type_ids",
+                                                                               "attention_mask")),
+        deterministic=True, output_hidden_states=True)
+    real = batch["attention_mask"].astype(bool)
+    assert len(ours.hidden_states) == len(want.hidden_states) == 7
+    for layer, (a, b) in enumerate(zip(ours.hidden_states, want.hidden_states)):
+        np.testing.assert_allclose(np.asarray(a)[real], b.numpy()[real], atol=1e-4, rtol=0, err_msg=f"layer {layer}")
+    np.testing.assert_allclose(np.asarray(ours.pooled_output), want.pooler_output.numpy(), atol=1e-5, rtol=0)
+    tensors = load_file(str(minilm_dir / "model.safetensors"))
+    np.testing.assert_array_equal(params["bert"]["pooler"]["kernel"], tensors["pooler.dense.weight"].T)
+    np.testing.assert_array_equal(params["bert"]["pooler"]["bias"], tensors["pooler.dense.bias"])
+
+
+# The pre-training heads' tensors: bert_jax's name, transformers' name, whether transposed ([in, out] vs torch's
+# [out, in]). Written out here, independently of bert_jax's table (`weights.rules`).
+HEAD_NAMES = (("mlm_transform/kernel", "cls.predictions.transform.dense.weight", True),
+              ("mlm_transform/bias", "cls.predictions.transform.dense.bias", False),
+              ("mlm_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", False),
+              ("mlm_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", False),
+              ("mlm_output_bias", "cls.predictions.bias", False),
+              ("nsp/kernel", "cls.seq_relationship.weight", True), ("nsp/bias", "cls.seq_relationship.bias", False))
+
+
+def _torch_heads_from(model, params):
+    """Copies bert_jax's pre-training heads (from `params`) into a transformers BertForPreTraining (HEAD_NAMES)."""
+    flat, state = _flat(params), model.state_dict()
+    with torch.no_grad():
+        for ours, theirs, transposed in HEAD_NAMES:
+            value = flat[ours].T if transposed else flat[ours]
+            state[theirs].copy_(torch.from_numpy(np.array(value, np.float32)))
+    assert model.cls.predictions.decoder.bias is None or torch.equal(model.cls.predictions.decoder.bias,
+                                                                      model.cls.predictions.bias)
+
+
 @pytest.mark.slow
-def test_continued_from_minilm_matches_transformers_then_learns(gutenberg_documents, minilm_dir, tmp_path, capfd,
-                                                                optimized_programs):
-    """The real MiniLM encoder (no heads): the loaded encoder is the file's, bit for bit; the step-0 losses
-    of the fresh heads equal transformers' on the same weights (exported with to_hf); 12 steps on Gutenberg
-    lower the MLM loss (from about 9.5 over the first 5 steps to about 7.4 over the last 5)."""
+def test_continued_from_minilm_matches_transformers(gutenberg_documents, minilm_dir, tmp_path, capfd,
+                                                    optimized_programs):
+    """Continued pre-training from the real MiniLM encoder (no heads): the run's first step (logged before its
+    update) has transformers' MLM and NSP losses on the same batch, transformers reading the encoder from the
+    file itself (`BertForPreTraining.from_pretrained`) with bert_jax's fresh heads copied in by name; 4 steps
+    run on Gutenberg, moving every encoder tensor.
+
+    No learning is claimed: a fresh MLM head on this encoder does not get under the unigram cross-entropy of the
+    same targets in a run this suite affords (measured with the log-prior bias, which starts the head there: its
+    random transform adds about 0.65 nats at step 1, still about 0.2 after 12 steps at this learning rate and
+    0.05 after 30 steps at 1e-3), and getting down to the unigram is a fresh head learning word frequencies, not the encoder's
+    context. Learning against the unigram: tests/test_train.py (from scratch)."""
     config = pretrain.get_config("tiny")
     config.init_checkpoint = str(minilm_dir)
     config.phases = [config.phases[0]]  # one phase (length 64): one program of the 6-layer model to compile
     config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = str(gutenberg_documents), 8, 1.0
-    config.total_steps, config.warmup_steps, config.learning_rate = 12, 2, 1e-4
-    config.log_every, config.checkpoint_every = 1, 12
+    config.total_steps, config.warmup_steps, config.learning_rate = 4, 1, 1e-4
+    config.log_every, config.checkpoint_every = 1, 4
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     config.mesh.num_devices = 1
     resolved, init = initialisation.pretraining_source(config, str(tmp_path / "run"))
     assert resolved.model.hidden_size == 384 and resolved.model.num_hidden_layers == 6
     mesh = engine.make_mesh(resolved.mesh)
     program = train.build(resolved, mesh)
-    state = train.initial_state(resolved, program, mesh, init)
+    state = train.initial_state(resolved, program, mesh, init)  # the run's own start: its fresh heads
     assert "initialised fresh: mlm_LayerNorm, mlm_output_bias, mlm_transform, nsp" in capfd.readouterr().err
-    assert init.kind == "hf"  # init.params: the file's tensors as convert.from_hf reads them
-    for k, v in _flat(init.params["bert"]).items():
-        np.testing.assert_array_equal(_flat(state.params["bert"])[k], v, err_msg=k)
-    convert.to_hf(program.model.config, state.params, str(tmp_path / "step0"))
-    theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "step0").eval()
+    assert init.kind == "hf"
+    theirs = transformers.BertForPreTraining.from_pretrained(minilm_dir, dtype=torch.float32).eval()
+    _torch_heads_from(theirs, jax.device_get(state.params))
+    start = _flat(state.params["bert"])
+    del state
     batch = next(train.iterator(train.resolve_phases(resolved)[0], resolved, None))
-    losses = jax.jit(functools.partial(train.loss_and_metrics, model=program.model, deterministic=True))
-    _, metrics = losses(state.params, train.global_batch(batch, mesh), jax.random.key(0))
     assert "segment_ids" not in batch
     mlm, nsp = _torch_losses(theirs, batch)
-    assert float(metrics["mlm_loss"]) == pytest.approx(mlm, abs=1e-4)
-    assert float(metrics["nsp_loss"]) == pytest.approx(nsp, abs=1e-4)
 
     train.train_and_evaluate(config, str(tmp_path / "run"))
     from bert_jax import summaries
 
-    losses = [r["mlm_loss"] for r in summaries.read_metrics(str(tmp_path / "run"))]
-    print(f"\nMLM loss over the first 5 steps {np.mean(losses[:5]):.2f}, the last 5 {np.mean(losses[-5:]):.2f}")
-    assert len(losses) == 12
-    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+    records = summaries.read_metrics(str(tmp_path / "run"))
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["mlm_loss"] == pytest.approx(mlm, abs=1e-4) and records[0]["nsp_loss"] == pytest.approx(nsp, abs=1e-4)
+    final = _final_params(tmp_path / "run", 4)
+    moved = [k for k, v in start.items() if not np.array_equal(final[f"bert/{k}"], v)]
+    assert len(moved) == len(start), sorted(set(start) - set(moved))
 
 
 @pytest.mark.slow
@@ -316,6 +378,11 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     assert init.step is None  # the newest readable checkpoint: 0
     _, reference = convert.from_hf(str(path))
     assert set(stored) == set(_flat(reference))
+    written = _flat(convert_cli._host_params(init)[0])  # the source's heads, value for value (HEAD_NAMES)
+    torch_state = model.state_dict()
+    for ours, theirs, transposed in HEAD_NAMES:
+        want = torch_state[theirs].numpy()
+        np.testing.assert_array_equal(written[ours], want.T if transposed else want, err_msg=ours)
     # A fine-tuning job starts from it: the encoder is the source's, bit for bit.
     import optax
 

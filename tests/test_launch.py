@@ -128,12 +128,21 @@ def test_tpu_vm_pod_requires_its_flags():
     assert result.returncode == 2 and "unknown option --bogus" in result.stderr
 
 
+# What tests/conftest.py puts in this process's environment (8 simulated devices among them): a user's shell has none
+# of it, so the launcher's own defaults are what its test runs with.
+CONFTEST_VARIABLES = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                      "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
 def test_local_cpu_launcher_runs_the_entry_point_with_8_devices(tmp_path):
+    """In a user's environment (no XLA_FLAGS: the 8 devices are the launcher's default, not the suite's)."""
+    env = {k: v for k, v in os.environ.items() if k not in CONFTEST_VARIABLES}
     result = subprocess.run([str(ROOT / "launch" / "local_cpu.sh"), "--config", "pretrain:tiny",
                              "--workdir", str(tmp_path), "--config.mesh.data=8", "--config.mesh.tensor=1",
                              "--config.phases[0].data_dir=/nonexistent"],
-                            capture_output=True, text=True, timeout=300)
-    # The entry point ran, a mesh of exactly 8 devices was built (else "needs 8 devices"), and it stopped
-    # on the missing data.
+                            capture_output=True, text=True, timeout=300, env=env)
+    # The entry point ran, a mesh of exactly 8 devices was built (else "needs 8 devices, but 1 are available"),
+    # and it stopped on the missing data.
     assert result.returncode != 0
-    assert "train: config.phases[0].data_dir='/nonexistent': no metadata.json" in result.stderr
+    assert "needs 8 devices" not in result.stderr, result.stderr[-2000:]
+    assert "train: config.phases[0].data_dir='/nonexistent': no metadata.json" in result.stderr, result.stderr[-2000:]

@@ -454,17 +454,47 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tm
 # Google's 30,522 tokens: the embedding table, the MLM output and their Adam moments dominate the tiny model's step.
 GUTENBERG_VOCAB_SIZE, GUTENBERG_VOCAB_LINES = 4096, 20_000
 
+# How far under the baselines that do not learn the held-out losses must end (nats per target / per sequence).
+# MLM: a context-blind model reaches about the unigram cross-entropy; reshaping the unigram toward the held-out
+# books (a temperature, another smoothing) gains at most 0.008 nats on these targets, and 0.02 is well past that.
+# NSP: a label-blind model reaches at best the entropy of the held-out labels' own frequencies (had it known them);
+# 0.01 nats under it is the smallest gain counted as the head reading the text.
+MLM_MARGIN_NATS, NSP_MARGIN_NATS = 0.02, 0.01
+
+
+def _no_learning_baselines(train_dir, eval_batches, vocab_size):
+    """What a model that does not learn from the text scores on exactly the targets of `eval_batches`: the
+    cross-entropy of the training instances' masked-target frequencies (add-one smoothed: the unigram a
+    context-blind model learns), the accuracy of always naming the targets' own most frequent token, the entropy
+    of the labels' own NotNext rate (the loss of a label-blind model that knew it) and the majority label's
+    accuracy. Counted here, not by the library (`masked_token_log_prior` also starts the MLM bias)."""
+    instances = list(pretraining.iterate_instances(train_dir))
+    counts = 1.0 + np.bincount(np.concatenate([i["masked_lm_ids"] for i in instances]), minlength=vocab_size,
+                               weights=np.concatenate([i["masked_lm_weights"] for i in instances]))
+    log_q = np.log(counts / counts.sum())
+    ids = np.concatenate([b["masked_lm_ids"].ravel() for b in eval_batches])
+    w = np.concatenate([b["masked_lm_weights"].ravel() for b in eval_batches])
+    labels = np.concatenate([b["next_sentence_labels"] for b in eval_batches])
+    p = labels.mean()
+    return {"unigram_mlm_loss": float(-(w * log_q[ids]).sum() / w.sum()),
+            "most_frequent_mlm_accuracy": float(np.bincount(ids, weights=w).max() / w.sum()),
+            "nsp_prior_loss": float(-(p * np.log(p) + (1 - p) * np.log(1 - p))),
+            "majority_nsp_accuracy": float(max(p, 1 - p)), "targets": float(w.sum()), "labels": len(labels)}
+
 
 @pytest.mark.slow
 def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
-    """The tiny config with a GUTENBERG_VOCAB_SIZE-token vocabulary trained on the corpus, 100 steps on
-    Gutenberg instances: the MLM loss ends >= 1.5 nats under chance (ln V, the untrained model's loss), the
-    held-out MLM loss falls, and the next-sentence head's held-out loss ends under ln 2 (an untrained head's).
+    """The tiny config with a GUTENBERG_VOCAB_SIZE-token vocabulary trained on the corpus and the recipes' MLM
+    bias (the log unigram prior: the head starts at what a context-blind model reaches), 100 steps on five
+    Gutenberg books, evaluated on two held-out books, compared on exactly the held-out targets with what does not
+    learn (`_no_learning_baselines`): the held-out MLM loss ends MLM_MARGIN_NATS under the unigram cross-entropy
+    and its accuracy above always naming the most frequent target; the held-out NSP loss ends NSP_MARGIN_NATS
+    under the entropy of the held-out labels' prior.
 
-    The labels are not balanced: as in the original, a one-sentence chunk always gets a random next segment,
-    and at length 64 many Gutenberg chunks are one sentence (about 60% NotNext). 100 steps learn that prior
-    (the held-out loss reaches its entropy, about 0.666); learning beyond it takes longer
-    (`benchmarks/nsp_learning.py`), so the check is the weaker one that still fails for a broken head."""
+    NSP *accuracy* is not claimed above the majority label's: the labels are not balanced (as in the original, a
+    one-sentence chunk always gets a random next segment, and at length 64 many Gutenberg chunks are one
+    sentence: about 60% NotNext), and 100 steps make the head better calibrated than the prior (the loss) before
+    they make it right more often; that takes about 2,000 steps (`benchmarks/nsp_learning.py`)."""
     from bert_jax.data import pipeline, vocab
 
     vocab.train_vocab([str(data_dir / "corpus" / "gutenberg-sentences.txt")], GUTENBERG_VOCAB_SIZE,
@@ -481,6 +511,7 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
     config.model.vocab_size = GUTENBERG_VOCAB_SIZE
+    config.mlm_bias_init = "log_prior"  # as pretrain:transfer and pretrain:demo
     config.total_steps, config.log_every, config.checkpoint_every = 100, 10, 100
     config.mesh.num_devices = 1  # a laptop-sized run: one device is faster than 8 simulated ones
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 50, 16
@@ -498,24 +529,23 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     evals = [v for step, prefix, v in history if prefix == "eval"]
     train_logs = [v for step, prefix, v in history if prefix == "train"]
     assert len(evals) == 2  # eval_step at steps 50 and 100
-    labels = np.concatenate([b["next_sentence_labels"] for b, _ in zip(
-        pipeline.make_pretraining_iterator(str(tmp_path / "eval"), global_batch_size=32, shuffle=False,
-                                           num_epochs=1), range(16))])
-    assert len(labels) == 16 * 32
-    prior = np.mean(labels == 1)
-    majority = max(prior, 1 - prior)
-    prior_entropy = -(prior * np.log(prior) + (1 - prior) * np.log(1 - prior))  # a label-blind model's loss
-    first, last = train_logs[0], train_logs[-1]
-    chance = np.log(GUTENBERG_VOCAB_SIZE)
-    print(f"\nMLM loss {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f} (chance {chance:.3f}), "
-          f"MLM accuracy {last['mlm_accuracy']:.3f}; held-out at steps 50 / 100: MLM loss "
-          f"{evals[0]['mlm_loss']:.3f} / {evals[1]['mlm_loss']:.3f}, NSP accuracy {evals[0]['nsp_accuracy']:.3f} / "
-          f"{evals[1]['nsp_accuracy']:.3f} against {majority:.3f} for the majority label, NSP loss "
-          f"{evals[0]['nsp_loss']:.3f} / {evals[1]['nsp_loss']:.3f} against {prior_entropy:.3f} for the label prior")
+    # the batches the evaluation read (`train._evaluate`: in order, eval_batches of the phase's batch size)
+    eval_batches = [b for b, _ in zip(pipeline.make_pretraining_iterator(
+        str(tmp_path / "eval"), global_batch_size=32, shuffle=False, num_epochs=1), range(16))]
+    base = _no_learning_baselines(tmp_path / "p1", eval_batches, GUTENBERG_VOCAB_SIZE)
+    assert base["labels"] == 16 * 32 and base["targets"] == evals[1]["num_predictions"]
+    last = train_logs[-1]
+    print(f"\nheld-out at steps 50 / 100: MLM loss {evals[0]['mlm_loss']:.3f} / {evals[1]['mlm_loss']:.3f} against "
+          f"{base['unigram_mlm_loss']:.3f} for the unigram, MLM accuracy {evals[0]['mlm_accuracy']:.3f} / "
+          f"{evals[1]['mlm_accuracy']:.3f} against {base['most_frequent_mlm_accuracy']:.3f} for the most frequent "
+          f"target, NSP loss {evals[0]['nsp_loss']:.3f} / {evals[1]['nsp_loss']:.3f} against "
+          f"{base['nsp_prior_loss']:.3f} for the label prior, NSP accuracy {evals[1]['nsp_accuracy']:.3f} against "
+          f"{base['majority_nsp_accuracy']:.3f} for the majority label")
     assert final["step"] == 100
-    assert last["mlm_loss"] < chance - 1.5 and first["mlm_loss"] > chance - 0.5
-    assert evals[1]["mlm_loss"] < evals[0]["mlm_loss"] < first["mlm_loss"]
-    assert evals[1]["nsp_loss"] < min(np.log(2) - 0.015, prior_entropy + 0.01)
+    assert evals[1]["mlm_loss"] < base["unigram_mlm_loss"] - MLM_MARGIN_NATS, (evals, base)
+    assert evals[1]["mlm_accuracy"] > base["most_frequent_mlm_accuracy"], (evals, base)
+    assert evals[1]["mlm_loss"] < evals[0]["mlm_loss"], evals  # still learning between the evaluations
+    assert evals[1]["nsp_loss"] < base["nsp_prior_loss"] - NSP_MARGIN_NATS, (evals, base)
     assert {"learning_rate", "grad_norm", "sequences_per_second", "tokens_per_second", "mfu"} <= last.keys()
     assert last["tokens_per_second"] == pytest.approx(64 * last["sequences_per_second"])
     rates = {step: v["sequences_per_second"] for step, prefix, v in history if prefix == "train"}
@@ -554,6 +584,65 @@ def test_evaluation_pools_predictions_over_batches(instances):
     assert result["nsp_accuracy"] == pytest.approx(labels.mean(), rel=1e-6)
     assert result["num_predictions"] == w.sum()
     assert result["loss"] == pytest.approx(result["mlm_loss"] + result["nsp_loss"])
+
+
+@pytest.fixture(scope="module")
+def articles(data_dir, small_vocab, tmp_path_factory):
+    """A small real corpus of many documents: the first 20 WikiText-2 valid articles, tokenized under the small
+    vocabulary (`tests/conftest.py`)."""
+    from bert_jax.data import document_shards
+
+    out = tmp_path_factory.mktemp("articles") / "docs"
+    docs = list(corpus.read_wikitext_documents([str(data_dir / "corpus" / "wikitext-2" / "valid.txt")],
+                                               corpus.ReadStats()))[:20]
+    document_shards.tokenize_documents(iter(docs), tokenization.Tokenizer(str(small_vocab)), str(out), num_shards=2)
+    return out
+
+
+def _held_out_config(instances, articles, **overrides):
+    """`_config` (its train step: one device) on one phase of `articles`' documents (length 64, whole-word
+    masking), 20% of them held out, evaluated every step on 2 batches."""
+    config = _config(instances, **{**dict(eval_fraction=0.2, eval_every=1, eval_batches=2, log_every=1), **overrides})
+    config.phases = [pretrain.phase(64, 10, 1.0, str(articles), 8, do_whole_word_mask=True)]
+    config.mesh.num_devices = 1
+    return config
+
+
+@pytest.mark.integration
+def test_held_out_documents_give_eval_metrics(instances, articles, tmp_path):
+    """config.eval_fraction: a run on tokenized documents evaluates on the documents it holds out: "eval" records
+    with MLM and NSP accuracy in metrics.jsonl at every evaluation, on the same instances each time."""
+    final = train.train_and_evaluate(_held_out_config(instances, articles), str(tmp_path / "run"), max_steps=2)
+    assert final["step"] == 2
+    evals = summaries.read_metrics(str(tmp_path / "run"), "eval")
+    assert [e["step"] for e in evals] == [1, 2]
+    for e in evals:
+        assert 0 <= e["mlm_accuracy"] <= 1 and 0 <= e["nsp_accuracy"] <= 1 and np.isfinite(e["loss"])
+    assert evals[0]["num_predictions"] == evals[1]["num_predictions"] > 0  # the same held-out instances
+
+
+def test_held_out_settings_are_one_line_errors_before_anything_is_written(instances, articles, documents, tmp_path):
+    def error(config):
+        with pytest.raises(ValueError) as info:
+            train.train_and_evaluate(config, str(tmp_path / "run"))
+        assert not (tmp_path / "run").exists()
+        message = str(info.value)
+        assert "\n" not in message
+        return message
+
+    for share in (1.0, -0.1, 1.5):
+        assert error(_held_out_config(instances, articles, eval_fraction=share)) == \
+            f"config.eval_fraction={share} must be in (0, 1) (0: no held-out documents)"
+    assert error(_held_out_config(instances, articles, eval_fraction=0.95)).startswith(
+        "config.eval_fraction=0.95 holds out 19 of 20 documents, leaving 1 for training; it needs at least 2 "
+        f"(config.phases[0].data_dir={str(articles)!r})")
+    assert "holds out 1 of 20 documents; evaluation needs at least 2" in error(
+        _held_out_config(instances, articles, eval_fraction=0.05))
+    assert "are both set" in error(_held_out_config(instances, articles, eval_data_dir=str(documents)))
+    static = _held_out_config(instances, articles)
+    static.phases = [pretrain.phase(64, 10, 1.0, str(instances / "p1"), 8)]
+    assert error(static).startswith(f"config.eval_fraction=0.2 holds out tokenized documents, but "
+                                    f"config.phases[0].data_dir={str(instances / 'p1')!r} holds static instances")
 
 
 def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
