@@ -186,9 +186,10 @@ def test_dropout_rate_scaling_and_independence(name):
     assert dropout.apply({}, x, deterministic=True) is x
 
 
-def test_hashed_dropout_gradient_recomputes_the_same_mask():
-    """HashedDropout's gradient (the mask recomputed from the seeds, none kept) equals autodiff of the plain form
-    where(mask, x / p, 0) with the module's seeds, float32 and bfloat16, inside jit and under jax.checkpoint."""
+def test_hashed_dropout_gradient_uses_the_forward_mask():
+    """HashedDropout's gradient is the forward's mask times the scale: equal to the gradient of the plain form
+    where(mask, x / p, 0) with the module's seeds, float32 and bfloat16, inside jit and under jax.checkpoint
+    (the mask recomputed there)."""
     key = jax.random.key(4)
     for dtype in (jnp.float32, jnp.bfloat16):
         x = jax.random.normal(jax.random.key(1), (2, 3, 16, 16), dtype)

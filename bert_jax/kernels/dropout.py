@@ -18,13 +18,11 @@ index only, so it is the same under any sharding and bit-exact on resume (the ke
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 Array = jax.Array
 
@@ -92,34 +90,16 @@ def seeded_keep_mask(seed: Array, shape: tuple[int, ...], rate: float) -> tuple[
     return (hash_bits(seed, outer, inner) >= drop).reshape(shape), 1.0 - drop / RESOLUTION
 
 
-def _apply(x: Array, seed: Array, rate: float) -> Array:
+def apply(x: Array, seed: Array, rate: float) -> Array:
+    """Inverted dropout of x (any shape, at least 1-D, floating; x's dtype kept) with
+    `seeded_keep_mask(seed, x.shape, rate)`: the kept elements scaled by 1 / keep probability, the rest 0."""
     keep, keep_prob = seeded_keep_mask(seed, x.shape, rate)
     return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros((), x.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dropout(x: Array, seed: Array, rate: float) -> Array:
-    """Inverted dropout of x (any shape, at least 1-D, floating) with `seeded_keep_mask(seed, x.shape, rate)`;
-    the gradient recomputes the mask from the seeds, so no mask is kept between the passes (a pass over the
-    indices instead of a [x.shape] boolean written and read back)."""
-    return _apply(x, seed, rate)
-
-
-def _dropout_fwd(x, seed, rate):
-    return _apply(x, seed, rate), seed
-
-
-def _dropout_bwd(rate, seed, g):
-    return _apply(g, seed, rate), np.zeros(seed.shape, dtype=jax.dtypes.float0)
-
-
-dropout.defvjp(_dropout_fwd, _dropout_bwd)
-
-
 class HashedDropout(nn.Module):
     """Inverted dropout on the "dropout" PRNG stream with the mask of `keep_mask`: drops with
-    probability round(rate * RESOLUTION) / RESOLUTION and scales the rest by 1 / keep probability; the
-    gradient recomputes the mask (`dropout`)."""
+    probability round(rate * RESOLUTION) / RESOLUTION and scales the rest by 1 / keep probability."""
 
     rate: float
 
@@ -138,4 +118,4 @@ class HashedDropout(nn.Module):
             return jnp.zeros_like(x)
         if not x.shape:
             raise ValueError("dropout needs an input with at least one axis")
-        return dropout(x, seeds(self.make_rng("dropout")), self.rate)
+        return apply(x, seeds(self.make_rng("dropout")), self.rate)
