@@ -21,23 +21,13 @@ from conftest import ROOT
 POD = str(ROOT / "launch" / "tpu_vm_pod.sh")
 GUIDES = ("README.md", "docs/tpu-pods.md")  # the pages with the TPU path: an aot check and its launch
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
-FENCE = re.compile(r"^```(\S*)\s*$")
 
 
 def bash_blocks(page: str) -> list[str]:
-    """The text of every ```bash block of `page` (run or not)."""
-    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        match = FENCE.match(lines[i])
-        if not match:
-            i += 1
-            continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-        if match.group(1) == "bash":
-            blocks.append("\n".join(lines[i + 1:end]))
-        i = end + 1
-    return blocks
+    """The text of every ```bash block of `page` (run or not), as tests/test_docs.py reads them."""
+    from test_docs import read_blocks
+
+    return [block.text for block in read_blocks(page) if block.language == "bash"]
 
 
 def documented_commands(page: str) -> list[list[str]]:
