@@ -6,7 +6,7 @@
 Prints, per run and phase, for each kernel set: HBM bytes accessed per device and step (XLA's cost
 analysis, "bytes accessed"), temporary memory per device, FLOPs per device and step, and the ratio
 xla_cpu / reference. No Pallas kernel is involved, so the cost analysis counts every FLOP. `auto`
-resolves to reference on a TPU target (bert_jax.kernels.resolve); it must be the set that is not worse.
+resolves to reference on a TPU target (bert_jax.model.kernels.resolve); it must be the set that is not worse.
 """
 
 import argparse
@@ -18,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from bert_jax import aot, kernels, train  # noqa: E402
+from bert_jax.training import aot, pretraining
+from bert_jax.model import kernels  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 SETS = ("reference", "tpu", "xla_cpu")
@@ -44,7 +45,7 @@ def _measure(size, topology, kernel_set, dtype, phases):
     devices = aot.TOPOLOGIES[topology].devices()
     rows = []
     wanted = {int(i) for i in phases.split(",")} if phases else None
-    for phase in train.resolve_phases(config):
+    for phase in pretraining.resolve_phases(config):
         if wanted is not None and phase.index not in wanted:
             continue
         compiled, _ = aot.compile_phase(config, devices, phase)

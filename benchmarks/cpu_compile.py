@@ -23,7 +23,9 @@ _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np
-from bert_jax import engine, modeling, sharding, train, weights
+from bert_jax.checkpoints import weights
+from bert_jax.model import modeling
+from bert_jax.training import pretraining, sharding, steps
 from bert_jax.configs import pretrain
 import test_modeling as tm
 
@@ -39,10 +41,10 @@ out["tiny_grad_compile_s"] = time.perf_counter() - t
 
 config = pretrain.get_config("tiny")
 mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-model = train.create_model(config)
-tx, schedule = engine.create_optimizer(config)
-state, shardings = train.create_train_state(model, tx, mesh, 0)
-step, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
+model = pretraining.create_model(config)
+tx, schedule = steps.create_optimizer(config)
+state, shardings = pretraining.create_train_state(model, tx, mesh, 0)
+step, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings)
 rng = np.random.default_rng(0)
 batch = {"input_ids": rng.integers(1, 30000, (32, 128), dtype=np.int32),
          "token_type_ids": np.zeros((32, 128), np.int32), "attention_mask": np.ones((32, 128), np.int32),
@@ -50,7 +52,7 @@ batch = {"input_ids": rng.integers(1, 30000, (32, 128), dtype=np.int32),
          "masked_lm_ids": rng.integers(1, 30000, (32, 20), dtype=np.int32),
          "masked_lm_weights": np.ones((32, 20), np.float32), "next_sentence_labels": np.zeros((32,), np.int32)}
 with jax.set_mesh(mesh):
-    b = train.global_batch(batch, mesh)
+    b = pretraining.global_batch(batch, mesh)
     t = time.perf_counter(); compiled = step.lower(state, b).compile()
     out["tiny_step_compile_s"] = time.perf_counter() - t
     state, m = compiled(state, b); jax.block_until_ready(m)

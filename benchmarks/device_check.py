@@ -15,7 +15,7 @@ Phases, as pre-training runs them:
            where almost every instance fills its 128 tokens);
   phase 2  length 512, 80 predictions; instance lengths drawn uniformly from [32, 512] (about half of the
            slots padding unpacked, as Krell et al. 2021 measure on Wikipedia at 512): ours packed by
-           bert_jax.data.packing (the packer training uses), the peer padded one instance per row.
+           bert_jax.data.pretraining.packing (the packer training uses), the peer padded one instance per row.
 Token ids are random (speed does not depend on them); the batches are built before timing.
 
 Rows, in this order: first every size and phase's default recipe (bert_jax: bfloat16, dropout on, kernels=auto)
@@ -26,8 +26,8 @@ Each row prints as soon as it is measured. --deadline_s: rows not started by the
 interrupted), so the command always ends with a table.
 
 Per row: sequences/s (instances), useful tokens/s (real tokens), padding, MFU = the analytic training FLOPs of
-the rows computed (bert_jax.flops, padded rows counted whole, the MLM head at the P predicted positions for both
-sides) per second over the device's published dense bfloat16 peak (`bert_jax.flops.PEAK_BF16_FLOPS_PER_DEVICE`,
+the rows computed (bert_jax.model.flops, padded rows counted whole, the MLM head at the P predicted positions for both
+sides) per second over the device's published dense bfloat16 peak (`bert_jax.model.flops.PEAK_BF16_FLOPS_PER_DEVICE`,
 or --peak_tflops), ms/step, compile seconds, and the ratio of useful tokens/s to the eager peer's. Each rate is
 the median of --rounds windows of --steps steps after --warmup steps. Compilation is left out of the rates:
 bert_jax's train step is lowered and compiled ahead of the first call (`train_step.lower(state, batch).compile()`,
@@ -68,9 +68,10 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, modeling, sharding, train  # noqa: E402
+from bert_jax.model import flops, modeling
+from bert_jax.training import pretraining, sharding  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
-from bert_jax.data import packing  # noqa: E402
+from bert_jax.data.pretraining import packing  # noqa: E402
 
 PHASES = {1: (128, 20), 2: (512, 80)}
 BATCHES = {"tiny": (64, 8), "mini": (128, 16), "base": (256, 32), "large": (128, 16)}  # rows: phase 1, phase 2
@@ -125,7 +126,7 @@ def padded(batch: list[dict], length: int, predictions: int) -> dict[str, np.nda
 
 
 def packed(stream: list[dict], rows: int, length: int, predictions: int) -> dict[str, np.ndarray]:
-    """The first `rows` packed rows of `stream` (bert_jax.data.packing, as training packs)."""
+    """The first `rows` packed rows of `stream` (bert_jax.data.pretraining.packing, as training packs)."""
     import grain
 
     k = packing.default_max_instances(length)
@@ -208,7 +209,7 @@ def parse_variants(text: str) -> list[Side]:
 def ours(size: str, phase: int, batch: dict, side: Side, args, stage) -> dict:
     """bert_jax's train step (bfloat16 compute, dropout on, kernels auto unless the side says) on `batch`:
     {seconds per step, init_s, lower_s, compile_s, first_step_s, loss, kernels}."""
-    from bert_jax import kernels
+    from bert_jax.model import kernels
 
     config = pretrain.get_config(size)
     config.model.dtype = "bfloat16"
@@ -222,7 +223,7 @@ def ours(size: str, phase: int, batch: dict, side: Side, args, stage) -> dict:
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     out = {"kernels": kernels.resolve(config.model.kernels)}
     if out["kernels"] == "gpu":
-        from bert_jax.kernels import gpu
+        from bert_jax.model.kernels import gpu
 
         heads = config.model.hidden_size // config.model.num_attention_heads
         dropout = config.model.attention_probs_dropout_prob > 0
@@ -230,9 +231,9 @@ def ours(size: str, phase: int, batch: dict, side: Side, args, stage) -> dict:
         out["kernels"] += (": flash_gpu" if dropout else ": cudnn") if fused else ": the model's attention"
     stage("building")
     start = time.perf_counter()
-    program = train.build(config, mesh)
-    state, _ = train.create_train_state(program.model, program.tx, mesh, 0, program.shardings)
-    device_batch = train.global_batch(batch, mesh)
+    program = pretraining.build(config, mesh)
+    state, _ = pretraining.create_train_state(program.model, program.tx, mesh, 0, program.shardings)
+    device_batch = pretraining.global_batch(batch, mesh)
     jax.block_until_ready((state, device_batch))
     out["init_s"] = time.perf_counter() - start
     with jax.set_mesh(mesh):
@@ -477,7 +478,7 @@ def _attention_reference(q, k, v, segment_ids, rate, rng):
     path's HashedDropout), cast to the input dtype, @ v (tests/test_flash_attention.py's reference)."""
     import jax.numpy as jnp
 
-    from bert_jax.kernels import dropout
+    from bert_jax.model.kernels import dropout
 
     scores = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
     same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
@@ -505,7 +506,7 @@ def kernel_checks(report: Report) -> bool:
     2e-2 of the largest entry."""
     import jax.numpy as jnp
 
-    from bert_jax.kernels import flash_gpu, gpu
+    from bert_jax.model.kernels import flash_gpu, gpu
 
     on_gpu = jax.default_backend() == "gpu"
     if not on_gpu:
@@ -567,7 +568,7 @@ def _kernel_times(report: Report, rng) -> None:
     """ms per fwd+bwd of each attention form at BERT-Large's phase 1 and packed phase 2 shapes (on a GPU)."""
     import jax.numpy as jnp
 
-    from bert_jax.kernels import flash_gpu, gpu
+    from bert_jax.model.kernels import flash_gpu, gpu
 
     say("attention fwd+bwd, ms (median of 10), BERT-Large shapes, bfloat16:")
     for b, n, length, h in ((128, 16, 128, 64), (16, 16, 512, 64)):

@@ -11,7 +11,7 @@ as a training step folds its step), rate 0.1:
   flax nn.Dropout with the JAX PRNG implementation `jax_default_prng_impl` would give: threefry2x32 (JAX's
   default, partitionable as the reference kernel set runs it; and not partitionable), rbg and unsafe_rbg
   (`lax.rng_bit_generator`, what MaxText trains with);
-  bert_jax.kernels.dropout.HashedDropout (every kernel set but the reference): two 32-bit seeds per call, each
+  bert_jax.model.kernels.dropout.HashedDropout (every kernel set but the reference): two 32-bit seeds per call, each
   element's keep bit a hash of its index;
   none: loss = sum(x * w) alone, the floor every form pays.
 
@@ -37,7 +37,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax.kernels import dropout  # noqa: E402
+from bert_jax.model.kernels import dropout  # noqa: E402
 
 GPU_SHAPE = (128, 16, 128, 128)
 CPU_SHAPE = (8, 16, 128, 128)

@@ -33,7 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import train_step as bench  # noqa: E402
-from bert_jax import flops, modeling  # noqa: E402
+from bert_jax.model import flops, modeling  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 

@@ -19,12 +19,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 
-from bert_jax.data import corpus, pretraining, tokenization  # noqa: E402
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import procedure  # noqa: E402
 
 
 def statistics(path, mask_id):
     n = nonspecial = masked = full = is_next = mask = kept = 0
-    for x in pretraining.iterate_instances(path):
+    for x in procedure.iterate_instances(path):
         length = int(x["attention_mask"].sum())
         k = int(x["masked_lm_weights"].sum())
         at = x["input_ids"][x["masked_lm_positions"][:k]]
@@ -51,9 +52,9 @@ def main():
     for per_document in (False, True):
         for seed in range(1, args.seeds + 1):
             with tempfile.TemporaryDirectory() as out:
-                pretraining.create_pretraining_data(
+                procedure.create_pretraining_data(
                     corpus.read_sentence_documents([text], corpus.ReadStats()), tokenizer, out,
-                    options=pretraining.InstanceOptions(short_seq_per_document=per_document),
+                    options=procedure.InstanceOptions(short_seq_per_document=per_document),
                     dupe_factor=1, random_seed=seed)
                 s = statistics(out, tokenizer.mask_id)
             mode = "per document" if per_document else "per instance"

@@ -3,7 +3,7 @@
   .venv/bin/python benchmarks/nsp_learning.py [--steps 2000] [--eval_every 250] [--batch 32]
 
 Instances (length 64, 10 predictions, dupe_factor 1) are built from corpus/gutenberg-sentences.txt: all
-books but the last two for training, the last two held out. `train.train_and_evaluate` runs the tiny
+books but the last two for training, the last two held out. `pretraining.train_and_evaluate` runs the tiny
 config (lr 1e-3, 20 warmup steps, linear decay to 0 at --steps) on one device and evaluates every
 --eval_every steps on every held-out instance; the evaluations are read back from metrics.jsonl.
 
@@ -29,8 +29,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 
-from bert_jax import train  # noqa: E402
-from bert_jax.data import corpus, pretraining, tokenization  # noqa: E402
+from bert_jax.training import pretraining  # noqa: E402
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import procedure  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 LENGTH, PREDICTIONS = 64, 10
@@ -41,12 +42,12 @@ def build(workdir: pathlib.Path) -> tuple[str, str, int, float]:
     tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
     books = list(corpus.read_sentence_documents([str(DATA / "corpus" / "gutenberg-sentences.txt")],
                                                 corpus.ReadStats()))
-    options = pretraining.InstanceOptions(max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS)
+    options = procedure.InstanceOptions(max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS)
     paths = {}
     for name, part in (("train", books[:-2]), ("heldout", books[-2:])):
         paths[name] = str(workdir / name)
-        pretraining.create_pretraining_data(part, tok, paths[name], options=options, dupe_factor=1, num_shards=1)
-    labels = [int(x["next_sentence_labels"]) for x in pretraining.iterate_instances(paths["heldout"])]
+        procedure.create_pretraining_data(part, tok, paths[name], options=options, dupe_factor=1, num_shards=1)
+    labels = [int(x["next_sentence_labels"]) for x in procedure.iterate_instances(paths["heldout"])]
     return paths["train"], paths["heldout"], len(labels), sum(labels) / len(labels)
 
 
@@ -67,7 +68,7 @@ def main():
         config.mesh.num_devices = 1
         config.eval_data_dir, config.eval_every, config.eval_batches = heldout_dir, args.eval_every, eval_batches
         start = time.perf_counter()
-        train.train_and_evaluate(config, str(tmp / "run"))
+        pretraining.train_and_evaluate(config, str(tmp / "run"))
         seconds = time.perf_counter() - start
         rows = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     majority = max(not_next, 1 - not_next)

@@ -5,7 +5,7 @@ chain with optax's `clip_by_global_norm`, same run.
 
 Parameters and gradients have the shapes of the config's BertForPreTraining (BERT-Base: 110M float32
 parameters); each variant is one jitted `tx.update` + `optax.apply_updates` with the parameters and the
-optimizer state donated, as inside `engine.train_step`. The variants run in alternating windows (this
+optimizer state donated, as inside `steps.train_step`. The variants run in alternating windows (this
 machine's speed drifts over minutes); printed: median milliseconds per update of each, the median of the
 per-window ratios, and the bytes an ideal fused update must move (read parameters, gradients, both
 moments; write parameters and both moments) over our time, in GB/s.
@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
-from bert_jax import engine, sharding, train  # noqa: E402
+from bert_jax.training import pretraining, sharding, steps  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 
@@ -56,10 +56,10 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     config = pretrain.get_config(args.size)
-    model = train.create_model(config)
-    tx, _ = engine.create_optimizer(config)
+    model = pretraining.create_model(config)
+    tx, _ = steps.create_optimizer(config)
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    abstract, _ = engine.state_shardings(train.state_init(model, tx, 0), mesh)
+    abstract, _ = steps.state_shardings(pretraining.state_init(model, tx, 0), mesh)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 1000))
     params = jax.tree_util.tree_map(lambda s: 0.02 * jax.random.normal(next(key), s.shape, s.dtype), abstract.params)
     grads = jax.tree_util.tree_map(lambda s: jax.random.normal(next(key), s.shape, s.dtype), abstract.params)
@@ -67,7 +67,7 @@ def main():
 
     unclipped = config.copy_and_resolve_references()
     unclipped.max_grad_norm = 0.0  # create_optimizer then returns the AdamW core alone
-    core, _ = engine.create_optimizer(unclipped)
+    core, _ = steps.create_optimizer(unclipped)
     peer_tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), core)
     ours, peer = make_update(tx, params, grads), make_update(peer_tx, params, grads)
     ours(2), peer(2)

@@ -3,7 +3,7 @@
   .venv/bin/python benchmarks/packing.py [--workdir /tmp/packing] [--rounds 3] [--steps 3] [--padding_only]
 
 1. Padding fraction (padded token slots / all token slots) over one pass of each corpus's instances,
-   unpacked (one instance per row) and packed (`bert_jax.data.packing`, default window and K), at the
+   unpacked (one instance per row) and packed (`bert_jax.data.pretraining.packing`, default window and K), at the
    two phases of the paper (128 / 20 and 512 / 80), on three shared corpora: Gutenberg (book-length
    documents), WikiText-2 (articles) and the SQuAD train subset's paragraphs taken as documents (short
    Wikipedia text). Instances: create_pretraining_data with Google's uncased vocabulary, dupe_factor 1,
@@ -13,7 +13,7 @@
 2. The input pipeline per process (reading, decoding, drawing instances, packing; the training process's
    threads, and for dynamic packed data also 1 and 2 grain worker processes drawing): rows/s and
    instances/s, start-up included, over 100 batches of 64 (dynamic: three windows of the instance
-   shuffle, 768 batches), of static and dynamic instances (`bert_jax.data.dynamic`, from
+   shuffle, 768 batches), of static and dynamic instances (`bert_jax.data.pretraining.dynamic`, from
    the corpus tokenized once), unpacked and packed, against what one host of a v4-32 pod (4 hosts, global batch
    256) must feed at the roofline step time of `python -m bert_jax.aot` for Base (--roofline_ms: phase 1,
    phase 2 packed; float32).
@@ -34,10 +34,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
-from bert_jax import engine, experiment, sharding, train  # noqa: E402
-from bert_jax.data import corpus, document_shards, dynamic, formats, packing, pipeline, pretraining, tokenization  # noqa: E402
+from bert_jax.training import pretraining, sharding, steps
+from bert_jax.experiments import transfer  # noqa: E402
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import document_shards, dynamic, formats, loader, packing, procedure  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -52,9 +53,9 @@ def instances(workdir: pathlib.Path, name: str, length: int, predictions: int) -
     if not (out / formats.METADATA_NAME).is_file():
         _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
-        pretraining.create_pretraining_data(
-            experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out),
-            options=pretraining.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions),
+        procedure.create_pretraining_data(
+            transfer.read_documents(reader, files, corpus.ReadStats()), tok, str(out),
+            options=procedure.InstanceOptions(max_seq_length=length, max_predictions_per_seq=predictions),
             dupe_factor=1, num_shards=1)
     return str(out)
 
@@ -64,7 +65,7 @@ def documents(workdir: pathlib.Path, name: str) -> str:
     if not (out / formats.METADATA_NAME).is_file():
         _, reader, files = shared_data.sources([name], DATA)[0]
         tok = tokenization.Tokenizer(str(DATA / "vocab" / "bert-base-uncased-vocab.txt"))
-        document_shards.tokenize_documents(experiment.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
+        document_shards.tokenize_documents(transfer.read_documents(reader, files, corpus.ReadStats()), tok, str(out))
     return str(out)
 
 
@@ -73,7 +74,7 @@ def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batche
     """(rows/s, instances/s) over `batches` batches of a fresh iterator with `workers` grain worker
     processes (start-up included)."""
     start = time.perf_counter()
-    it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
+    it = loader.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
                                             process_count=1, packing=packed, max_seq_length=length,
                                             max_predictions_per_seq=predictions, worker_count=workers)
     count = 0
@@ -88,7 +89,7 @@ def pipeline_rate(path: str, packed: bool, length: int, predictions: int, batche
 def one_pass(path: str, packed: bool, batch_size: int = 64, **kw):
     """(padding fraction, rows, instances, seconds) over one shuffled pass (of the instances, or of the
     documents: kw gives the length, predictions and fill_rows for tokenized documents)."""
-    it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, num_epochs=1,
+    it = loader.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, num_epochs=1,
                                             process_index=0, process_count=1, packing=packed, **kw)
     real = slots = rows = count = 0
     start = time.perf_counter()
@@ -100,24 +101,24 @@ def one_pass(path: str, packed: bool, batch_size: int = 64, **kw):
     return 1.0 - real / slots, rows, count, time.perf_counter() - start
 
 
-def speed(path: str, length: int, batch_size: int, rounds: int, steps: int):
+def speed(path: str, length: int, batch_size: int, rounds: int, num_steps: int):
     """Per window: useful tokens/s padded and packed (the mini train step, one device)."""
     config = pretrain.get_config("mini")
     config.model.vocab_size = 30522
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    model = train.create_model(config)
-    tx, schedule = engine.create_optimizer(config)
-    _, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
-    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
+    model = pretraining.create_model(config)
+    tx, schedule = steps.create_optimizer(config)
+    _, shardings = steps.state_shardings(pretraining.state_init(model, tx, 0), mesh)
+    step_fn, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings)
     sides = {}
     for packed in (False, True):
-        it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
+        it = loader.make_pretraining_iterator(path, global_batch_size=batch_size, seed=0, process_index=0,
                                                 process_count=1, packing=packed)
-        batches = [next(it) for _ in range(steps)]
+        batches = [next(it) for _ in range(num_steps)]
         it.close()
         with jax.set_mesh(mesh):
-            device = [train.global_batch(b, mesh) for b in batches]
-            state, _ = train.create_train_state(model, tx, mesh, 0)
+            device = [pretraining.global_batch(b, mesh) for b in batches]
+            state, _ = pretraining.create_train_state(model, tx, mesh, 0)
             state, _ = step_fn(state, device[0])  # compile
             jax.block_until_ready(state)
         sides[packed] = {"state": state, "batches": device,

@@ -1,16 +1,16 @@
 """The peer control of the transfer benchmark: transformers' PyTorch `BertForPreTraining` pre-trained on
-the same batches with the same recipe as `bert_jax.train.train_and_evaluate`, exported as Hugging Face
-directories that `bert_jax.convert.from_hf` and bert_jax's fine-tuning jobs load
+the same batches with the same recipe as `bert_jax.training.pretraining.train_and_evaluate`, exported as Hugging Face
+directories that `bert_jax.checkpoints.hf.from_hf` and bert_jax's fine-tuning jobs load
 (`--config.init_checkpoint=<out_dir>/hf`).
 
   .venv/bin/python benchmarks/peer_pretraining.py --config pretrain:transfer --out_dir DIR \\
       --vocab_file V --config.phases[0].data_dir=... --config.phases[1].data_dir=... \\
       [--max_steps N] [--export_steps 2000,4000] [--log_every N] [--threads N]
 
-Taken from bert_jax itself, not re-derived: the config checks (`train.validate` on a one-device mesh),
-the phases' step ranges (`train.resolve_phases`), each phase's batches (`train.iterator`: the same
+Taken from bert_jax itself, not re-derived: the config checks (`pretraining.validate` on a one-device mesh),
+the phases' step ranges (`pretraining.resolve_phases`), each phase's batches (`pretraining.iterator`: the same
 grain pipeline, seed and order, so step s trains on the rows bert_jax's step s trains on), the MLM bias
-init (`train.initial_mlm_bias`) and the learning rate of every step (`optim.learning_rate_schedule`,
+init (`pretraining.initial_mlm_bias`) and the learning rate of every step (`optim.learning_rate_schedule`,
 evaluated once for all steps; 0 at step 0, peak at warmup_steps, 0 at total_steps).
 Written here to the same definitions: sparse MLM (the head applied at the masked positions only, weighted
 mean cross-entropy) + mean NSP cross-entropy on the pooled [CLS] (0 = IsNext), gradient accumulation
@@ -54,11 +54,11 @@ _LONG_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_posi
 def build_model(config) -> Any:
     """A freshly initialised transformers `BertForPreTraining` of `config.model` (torch.manual_seed(
     config.seed) first), its MLM output bias set by `config.mlm_bias_init` as bert_jax sets its own
-    (`train.initial_mlm_bias`: zeros, or the log prior of the first phase's targets)."""
+    (`pretraining.initial_mlm_bias`: zeros, or the log prior of the first phase's targets)."""
     import torch
     import transformers
 
-    from bert_jax import train
+    from bert_jax.training import pretraining
 
     m = config.model
     torch.manual_seed(config.seed)
@@ -68,7 +68,7 @@ def build_model(config) -> Any:
         hidden_dropout_prob=m.hidden_dropout_prob, attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
         initializer_range=m.initializer_range, layer_norm_eps=m.layer_norm_eps))
-    bias = train.initial_mlm_bias(config)
+    bias = pretraining.initial_mlm_bias(config)
     if bias is not None:
         with torch.no_grad():
             model.cls.predictions.bias.copy_(torch.from_numpy(bias))  # decoder.bias is the same tensor
@@ -138,7 +138,7 @@ def batch_losses(model, batch: dict[str, Any], mlm_count: float, nsp_count: floa
 
 def train_step(model, optimizer, batch: dict[str, Any], *, learning_rate: float, max_grad_norm: float,
                grad_accum_steps: int = 1, step: int = 0) -> dict[str, float]:
-    """One optimizer step as `bert_jax.engine.train_step`: the batch (torch tensors as `batch_losses`,
+    """One optimizer step as `bert_jax.training.steps.train_step`: the batch (torch tensors as `batch_losses`,
     B rows) in grad_accum_steps micro-batches (rows i, i + k, ...) normalised by the whole batch's counts,
     gradients summed, clipped to global norm max_grad_norm (0: no clipping), one AdamW update at
     `learning_rate`.
@@ -172,14 +172,14 @@ def train_step(model, optimizer, batch: dict[str, Any], *, learning_rate: float,
 
 
 def evaluate(model, config, batch_size: int) -> dict[str, float]:
-    """`bert_jax.train._evaluate` on the torch model: the first config.eval_batches batches of
+    """`bert_jax.training.pretraining._evaluate` on the torch model: the first config.eval_batches batches of
     config.eval_data_dir in order (batch_size rows, no shuffle), dropout off; MLM metrics weighted by each
     batch's predictions, the others by batch; loss = mlm_loss + nsp_loss; num_predictions summed."""
     import torch
 
-    from bert_jax.data import pipeline
+    from bert_jax.data.pretraining import loader
 
-    it = pipeline.make_pretraining_iterator(config.eval_data_dir, global_batch_size=batch_size, shuffle=False,
+    it = loader.make_pretraining_iterator(config.eval_data_dir, global_batch_size=batch_size, shuffle=False,
                                             num_epochs=1, process_index=0, process_count=1)
     totals: dict[str, float] = {}
     weights: dict[str, float] = {}
@@ -221,13 +221,13 @@ def export(model, vocab_file: str, path: str) -> str:
 
 
 def _check(config, vocab_file: str, log_every: int) -> list:
-    """bert_jax's checks (`train.validate` on one device: phases, data directories, eval data) plus the
+    """bert_jax's checks (`pretraining.validate` on one device: phases, data directories, eval data) plus the
     peer's own; returns the resolved phases. One-line ValueError / FileNotFoundError."""
     import jax
 
-    from bert_jax import sharding, train
+    from bert_jax.training import pretraining, sharding
 
-    phases = train.validate(config, sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
+    phases = pretraining.validate(config, sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
     if config.optimizer != "adamw":
         raise ValueError(f"config.optimizer={config.optimizer!r}: the peer has torch's AdamW only")
     if log_every < 1:
@@ -270,7 +270,7 @@ def pretrain_peer(config, out_dir: str, vocab_file: str, *, max_steps: int | Non
     """
     import torch
 
-    from bert_jax import optim, summaries, train
+    from bert_jax.training import optim, pretraining, summaries
 
     began = time.perf_counter()
     log_every = config.log_every if log_every is None else log_every
@@ -298,7 +298,7 @@ def pretrain_peer(config, out_dir: str, vocab_file: str, *, max_steps: int | Non
             if step >= final_step:
                 break
             finals.append({})
-            iterator = train.iterator(phase, config, None)  # bert_jax's batches, seed and order
+            iterator = pretraining.iterator(phase, config, None)  # bert_jax's batches, seed and order
             try:
                 window_start, window_steps, untimed = time.perf_counter(), 0, 0.0
                 while step < min(phase.end, final_step):

@@ -10,7 +10,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
 
-# Corpora: name -> (bert_jax.experiment reader, files under DATA). Task corpora read only the training split.
+# Corpora: name -> (bert_jax.experiments.transfer reader, files under DATA). Task corpora read only the training split.
 SOURCES = {
     "gutenberg": ("sentences", ("corpus/gutenberg-sentences.txt",)),
     "wikitext": ("wikitext", ("corpus/wikitext-2/valid.txt", "corpus/wikitext-2/test.txt")),
@@ -18,14 +18,14 @@ SOURCES = {
     "sst2": ("glue:sst2", ("glue/SST-2/train.tsv",)),
     "mrpc": ("glue:mrpc", ("glue/MRPC/train.tsv",)),
 }
-# The task files of bert_jax.experiment.PROBES' tasks, as config fields.
+# The task files of bert_jax.experiments.transfer.PROBES' tasks, as config fields.
 TASK_FILES = {"sst2": {"data_dir": "glue/SST-2"}, "mrpc": {"data_dir": "glue/MRPC"},
               "squad": {"train_file": "squad/train-v1.1-subset-44articles.json", "predict_file": "squad/dev-v1.1.json"}}
 
 
 def sources(names, data_dir: str | os.PathLike = DATA) -> list[tuple[str, str, list[str]]]:
     """`SOURCES` entries as (name, reader, files) with the files under `data_dir`, for
-    `bert_jax.experiment.write_corpus` / `read_documents`.
+    `bert_jax.experiments.transfer.write_corpus` / `read_documents`.
 
     Raises:
       ValueError: an unknown name.

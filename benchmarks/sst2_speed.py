@@ -30,12 +30,12 @@ jax's persistent compilation cache in a temporary directory, a first run of ours
 printed as ours_first) and then the compared run at --learning_rate, whose bucket programs come from the
 cache (the gradient programs hold no learning rate; only the shared update is compiled again).
 
-Both sides run in one process under bert_jax.host_malloc's glibc tunables (--malloc tuned, the default:
+Both sides run in one process under bert_jax.training.host_malloc's glibc tunables (--malloc tuned, the default:
 the script re-executes itself under them, as launch/local_cpu.sh runs training), or glibc's own settings
 (--malloc default; every figure below dated before 2026-11-26).
 
 Prints both training times, the ratio (peer / ours), both dev accuracies, the padded tokens each
-side's batches hold and their analytic training FLOPs (`bert_jax.flops.encoder_forward_flops`, ours
+side's batches hold and their analytic training FLOPs (`bert_jax.model.flops.encoder_forward_flops`, ours
 with the last layer at [CLS] only: the work done, and the rate each side reaches against both
 libraries' float32 matrix-product rate on this machine, `gemm_rates`) and, for ours, the time spent
 tracing, lowering and compiling inside the training window (jax.monitoring events; one program per
@@ -97,7 +97,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("USE_TF", "0")  # tensorflow is installed (for TFDS): the Trainer must not import its Keras side
 
-from bert_jax import batching, host_malloc  # noqa: E402
+from bert_jax.tasks import batching
+from bert_jax.training import host_malloc  # noqa: E402
 from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.data.tokenization import Tokenizer  # noqa: E402
 from bert_jax.tasks import finetune, glue  # noqa: E402
@@ -175,11 +176,11 @@ def ours(args, length_buckets: int, learning_rate: float | None = None) -> dict:
 
 
 def train_flops(lengths, query_rows) -> float:
-    """Analytic training FLOPs (forward + backward = 3x forward, `bert_jax.flops`' convention) of batches of
+    """Analytic training FLOPs (forward + backward = 3x forward, `bert_jax.model.flops`' convention) of batches of
     BATCH sequences padded to `lengths`: MiniLM's encoder (its last layer at `query_rows` rows per
     sequence, None: all), the pooler and the 2-way classifier. Int -> float."""
-    from bert_jax import flops
-    from bert_jax.bert_config import BertConfig
+    from bert_jax.model import flops
+    from bert_jax.model.bert_config import BertConfig
 
     config = BertConfig.from_json_file(os.path.join(minilm_dir(), "config.json"))
     head = 2 * (config.hidden_size ** 2 + 2 * config.hidden_size)
@@ -292,10 +293,10 @@ def main():
     parser.add_argument("--bucket_program_tokens", type=float, default=defaults.bucket_program_tokens,
                         help="padded tokens a bucket must save to be placed (its program's compile cost)")
     parser.add_argument("--shared_update", action=argparse.BooleanOptionalAction, default=defaults.shared_update,
-                        help="ours: the optimizer update as one program for every bucket (engine.SharedUpdateStep)")
+                        help="ours: the optimizer update as one program for every bucket (steps.SharedUpdateStep)")
     parser.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
                         help="glibc malloc settings of the whole run, both sides (one process): "
-                        "bert_jax.host_malloc's (as launch/local_cpu.sh trains) or glibc's defaults")
+                        "bert_jax.training.host_malloc's (as launch/local_cpu.sh trains) or glibc's defaults")
     parser.add_argument("--sweep", type=float, default=0.0, metavar="FIRST_LEARNING_RATE",
                         help="ours as the second run of a learning-rate sweep: jax's persistent compilation cache "
                         "in a temporary directory, a first run of ours at FIRST_LEARNING_RATE (cold, reported "

@@ -8,15 +8,15 @@ sparse MLM at 20 positions) and of the peer (transformers BertForPreTraining in 
 labels at the same 20 positions, torch.optim.AdamW, torch threads = the machine's cores), measured in
 alternating windows so that both see the same load (this machine's speed drifts by 10-20% over
 minutes): the printed rates are medians over the windows and the ratio is the median of the
-per-window ratios. MFU = analytic model FLOPs per second (bert_jax.flops) over a matmul ceiling
+per-window ratios. MFU = analytic model FLOPs per second (bert_jax.model.flops) over a matmul ceiling
 measured in the same window (the best of float32 jnp.dot and torch.matmul on 2048x2048 matrices), and
 for information over jnp.dot's alone; medians over the windows.
 
---malloc tuned re-runs the whole benchmark (both sides: one process) under bert_jax.host_malloc's glibc
+--malloc tuned re-runs the whole benchmark (both sides: one process) under bert_jax.training.host_malloc's glibc
 tunables, which keep XLA:CPU's per-step buffer mapped between steps; the default is glibc's own settings,
 the conditions of every figure in README before 2026-11-23. The GLIBC_TUNABLES in effect are printed.
 
---kernels runs our side once per `model.kernels` set (bert_jax.kernels; auto = xla_cpu here), each
+--kernels runs our side once per `model.kernels` set (bert_jax.model.kernels; auto = xla_cpu here), each
 against the peer in its own alternating windows. --ablate adds, per xla_cpu kernel, a run of the xla_cpu
 set with that one kernel swapped back to its reference form: a kernel whose removal does not slow the
 step down does not earn its place.
@@ -41,7 +41,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import engine, flops, host_malloc, kernels, modeling, sharding, train  # noqa: E402
+from bert_jax.training import host_malloc, pretraining, sharding, steps
+from bert_jax.model import flops, kernels, modeling  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
 SIZES = {"mini": ("mini", 32), "base": ("base", 8)}
@@ -64,12 +65,12 @@ def make_batch(batch, vocab, seed=0):
 def make_ours(config, batch):
     """Our jitted train step on one device -> run(n): seconds per step over n steps."""
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    model = train.create_model(config)
-    tx, schedule = engine.create_optimizer(config)
-    state, shardings = train.create_train_state(model, tx, mesh, 0)
-    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
+    model = pretraining.create_model(config)
+    tx, schedule = steps.create_optimizer(config)
+    state, shardings = pretraining.create_train_state(model, tx, mesh, 0)
+    step_fn, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings)
     with jax.set_mesh(mesh):
-        device_batch = train.global_batch(batch, mesh)
+        device_batch = pretraining.global_batch(batch, mesh)
     holder = [state]
 
     def run(n):
@@ -168,7 +169,7 @@ def main():
     parser.add_argument("--ablate", action="store_true",
                         help="also xla_cpu with each kernel in turn swapped back to the reference form")
     parser.add_argument("--malloc", choices=("default", "tuned"), default="default",
-                        help="glibc malloc settings for the whole run: glibc's defaults, or bert_jax.host_malloc's")
+                        help="glibc malloc settings for the whole run: glibc's defaults, or bert_jax.training.host_malloc's")
     args = parser.parse_args()
     if args.malloc == "tuned":
         host_malloc.reexec_tuned("train_step")  # returns when already tuned (or not glibc)

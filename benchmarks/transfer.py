@@ -4,7 +4,7 @@ from random initialisation with identical recipes, vocabularies and architecture
   .venv/bin/python benchmarks/transfer.py --workdir /tmp/transfer [--recipe transfer] [--seeds 3]
       [--probes sst2_2k,sst2,mrpc,squad] [--curve_probe sst2_2k] [--peer]
 
-Stages (bert_jax.experiment):
+Stages (bert_jax.experiments.transfer):
   1. corpus: `--sources` (default Gutenberg, WikiText-2, and the unlabelled training text of SQuAD,
      SST-2 and MRPC: in-domain text; dev text never), original format;
   2. a WordPiece vocabulary of `--vocab_size` on it (or `--vocab_file`), instances for both phases of the
@@ -57,14 +57,14 @@ def _cached(path, compute):
 def pretraining_budget(config, seconds, sample_batches=20):
     """Steps, sequences (instances: a packed row holds several), non-padding tokens and wall time of a
     finished run; the per-row means come from the first `sample_batches` batches each phase's own
-    iterator gives (`train.iterator`: static or dynamic, packed or not)."""
+    iterator gives (`pretraining.iterator`: static or dynamic, packed or not)."""
     import itertools
 
-    from bert_jax import train
+    from bert_jax.training import pretraining
 
     sequences = tokens = 0
-    for p in train.resolve_phases(config):
-        it = train.iterator(p, config, None)
+    for p in pretraining.resolve_phases(config):
+        it = pretraining.iterator(p, config, None)
         batches = list(itertools.islice(it, sample_batches))
         it.close()
         rows = sum(len(b["input_ids"]) for b in batches)
@@ -116,7 +116,9 @@ def feature_probe(init_checkpoint, vocab_file, model, train_examples=2000, max_s
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from bert_jax import extract_features, initialisation, modeling
+    from bert_jax.tasks import extract_features
+    from bert_jax.checkpoints import sources
+    from bert_jax.model import modeling
     from bert_jax.data import glue
     from bert_jax.data.tokenization import Tokenizer
 
@@ -124,7 +126,7 @@ def feature_probe(init_checkpoint, vocab_file, model, train_examples=2000, max_s
     folder = DATA / "glue" / "SST-2"
     splits = {"train": glue.read_glue_tsv("sst2", str(folder / "train.tsv"))[:train_examples],
               "dev": glue.read_glue_tsv("sst2", str(folder / "dev.tsv"))}
-    init = (initialisation.Initialisation("random", "", modeling.BertConfig.from_dict(model)) if not init_checkpoint
+    init = (sources.Initialisation("random", "", modeling.BertConfig.from_dict(model)) if not init_checkpoint
             else None)
     features, labels = {}, {}
     for split, examples in splits.items():
@@ -170,7 +172,9 @@ def main():
                              "the value is a Python literal, else a string")
     args = parser.parse_args()
 
-    from bert_jax import experiment, storage, summaries, train
+    from bert_jax.experiments import transfer
+    from bert_jax import storage
+    from bert_jax.training import pretraining, summaries
     from bert_jax.data.tokenization import Tokenizer
     from bert_jax.data.vocab import train_vocab
     from bert_jax.configs import pretrain
@@ -180,7 +184,7 @@ def main():
     corpus_file, vocab_file = os.path.join(workdir, "corpus.txt"), os.path.join(workdir, "vocab.txt")
     sources = args.sources.split(",")
     corpus_counts = _cached(os.path.join(workdir, "corpus.json"),
-                            lambda: experiment.write_corpus(shared_data.sources(sources, DATA), corpus_file))
+                            lambda: transfer.write_corpus(shared_data.sources(sources, DATA), corpus_file))
     print(f"corpus: {corpus_counts}", flush=True)
     if not os.path.isfile(vocab_file):
         if args.vocab_file:
@@ -199,13 +203,13 @@ def main():
     config.checkpoint_every = curve_steps[0]
     config.keep_checkpoints = len(curve_steps) + len(config.phases) + 1
     _cached(os.path.join(workdir, "instances.json"),
-            lambda: experiment.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=args.dupe_factor,
+            lambda: transfer.prepare_pretraining_data(config, corpus_file, vocab_file, dupe_factor=args.dupe_factor,
                                                         num_workers=2, dynamic=args.dynamic))
     run_dir = os.path.join(workdir, "pretrain")
 
     def pretrain_run():
         start = time.perf_counter()
-        stopped = train.train_and_evaluate(config, run_dir)
+        stopped = pretraining.train_and_evaluate(config, run_dir)
         if stopped["step"] < config.total_steps:  # SIGTERM: checkpoint saved, run not finished; nothing cached
             sys.exit(f"pre-training stopped at step {stopped['step']} of {config.total_steps} (SIGTERM): "
                      f"re-run the same command to resume from {run_dir}")
@@ -220,16 +224,16 @@ def main():
     finetune_dir = os.path.join(workdir, "finetune")
     os.makedirs(finetune_dir, exist_ok=True)
     # Fine-tuning runs with the paper's dropout whatever pre-training used (the random-init network too).
-    finetune_model = experiment.finetune_model(config.model)
+    finetune_model = transfer.finetune_model(config.model)
 
     def score(probe, init, seed, tag, learning_rate=None):
         lr = {} if learning_rate is None else {"learning_rate": learning_rate}
         name = f"{tag}-{probe}-{seed}" + (f"-lr{learning_rate:g}" if lr else "")
 
         def compute():
-            m = experiment.finetune(probe, os.path.join(finetune_dir, name), init_checkpoint=init,
+            m = transfer.finetune(probe, os.path.join(finetune_dir, name), init_checkpoint=init,
                                     vocab_file=vocab_file, model=finetune_model, seed=seed,
-                                    **shared_data.task_files(experiment.PROBES[probe].task, DATA), **lr)
+                                    **shared_data.task_files(transfer.PROBES[probe].task, DATA), **lr)
             return {k: v for k, v in m.items() if isinstance(v, (int, float, str))}
         m = _cached(os.path.join(finetune_dir, f"{name}.json"), compute)
         print(f"  {probe} {tag} seed {seed}{' lr %g' % learning_rate if lr else ''}: {m['score']:.2f}", flush=True)
@@ -279,12 +283,12 @@ def main():
         lr_pre, lr_rnd = best_lr(probe, run_dir, "pretrained"), best_lr(probe, "", "random")
         pre = [score(probe, run_dir, s, "pretrained", lr_pre) for s in range(args.seeds)]
         rnd = [score(probe, "", s, "random", lr_rnd) for s in range(args.seeds)]
-        table[probe] = dict(experiment.summarize(pre, rnd), pretrained=pre, random=rnd,
+        table[probe] = dict(transfer.summarize(pre, rnd), pretrained=pre, random=rnd,
                             learning_rates={"pretrained": lr_pre, "random": lr_rnd})
         if args.peer:
             lr_peer = best_lr(probe, os.path.join(peer_dir, "hf"), "peer")
             peer = [score(probe, os.path.join(peer_dir, "hf"), s, "peer", lr_peer) for s in range(args.seeds)]
-            table[f"{probe} (peer)"] = dict(experiment.summarize(peer, rnd), pretrained=peer, random=rnd,
+            table[f"{probe} (peer)"] = dict(transfer.summarize(peer, rnd), pretrained=peer, random=rnd,
                                             learning_rates={"pretrained": lr_peer, "random": lr_rnd})
     results["table"] = table
     storage.write_json(os.path.join(workdir, "results.json"), results)

@@ -4,7 +4,7 @@
 #   launch/local_cpu.sh --config pretrain:tiny --workdir /tmp/run \
 #       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2 --config.mesh.tensor=2
 # BERT_JAX_MODULE picks another entry point (default bert_jax.train). glibc's malloc is tuned so that XLA:CPU
-# keeps each step's temporary buffer mapped between steps (bert_jax/host_malloc.py; BERT_JAX_MALLOC_TUNING=off
+# keeps each step's temporary buffer mapped between steps (bert_jax/training/host_malloc.py; BERT_JAX_MALLOC_TUNING=off
 # keeps glibc's defaults).
 # The Python it runs: $PYTHON if set; else the first of `python3`, `python` on PATH (an activated virtual
 # environment's, the one `pip install -e .` installed into) that has bert_jax and jax; else the repository's
@@ -30,6 +30,6 @@ if [[ -z "${PYTHON:-}" ]]; then
        "activate the environment you installed bert_jax into (pip install -e .), or set PYTHON=/path/to/python" >&2
   exit 1
 fi
-GLIBC_TUNABLES="$("$PYTHON" -m bert_jax.host_malloc)"
+GLIBC_TUNABLES="$("$PYTHON" -m bert_jax.training.host_malloc)"
 export GLIBC_TUNABLES
 exec "$PYTHON" -m "${BERT_JAX_MODULE:-bert_jax.train}" "$@"

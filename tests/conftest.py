@@ -129,13 +129,14 @@ def minilm_dir() -> pathlib.Path:
 def _sample_instances(data_dir, vocab_file, out):
     """`p1` (length 64, 10 predictions) and `p2` (128, 20) in `out`: the original's sample text, dupe_factor 5,
     2 shards each, tokenized with `vocab_file`."""
-    from bert_jax.data import corpus, pretraining, tokenization
+    from bert_jax.data import corpus, tokenization
+    from bert_jax.data.pretraining import procedure
 
     tok = tokenization.Tokenizer(str(vocab_file))
     for name, length, predictions in (("p1", 64, 10), ("p2", 128, 20)):
-        pretraining.create_pretraining_data(
+        procedure.create_pretraining_data(
             corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
-            tok, str(out / name), options=pretraining.InstanceOptions(max_seq_length=length,
+            tok, str(out / name), options=procedure.InstanceOptions(max_seq_length=length,
                                                                        max_predictions_per_seq=predictions),
             dupe_factor=5, num_shards=2)
     return out
@@ -143,7 +144,8 @@ def _sample_instances(data_dir, vocab_file, out):
 
 def _sample_documents(data_dir, vocab_file, out):
     """The original's sample text as tokenized documents in `out` (2 shards), tokenized with `vocab_file`."""
-    from bert_jax.data import corpus, document_shards, tokenization
+    from bert_jax.data import corpus, tokenization
+    from bert_jax.data.pretraining import document_shards
 
     document_shards.tokenize_documents(
         corpus.read_sentence_documents([str(data_dir / "corpus" / "bert_sample_text.txt")], corpus.ReadStats()),
@@ -161,7 +163,7 @@ def instances(data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def documents(data_dir, tmp_path_factory):
-    """The original's sample text as tokenized documents (`bert_jax.data.document_shards`, 2 shards) under
+    """The original's sample text as tokenized documents (`bert_jax.data.pretraining.document_shards`, 2 shards) under
     Google's vocabulary, for dynamic instances."""
     return _sample_documents(data_dir, data_dir / "vocab" / "bert-base-uncased-vocab.txt",
                              tmp_path_factory.mktemp("documents") / "sample")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bert_jax import sharding
+from bert_jax.training import sharding
 from conftest import ROOT
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]')")
@@ -39,7 +39,7 @@ def test_pod_presets_cover_their_topologies():
     """Each pod's mesh preset uses exactly the devices libtpu's topology exposes (v3 two per chip; v4
     one megacore device per chip, as on a real slice; v5e one), and the paper's pods are 16 and 64 chips
     for every generation."""
-    script = ("from bert_jax import aot, sharding\n"
+    script = ("from bert_jax.training import aot, sharding\n"
               "import math\n"
               "for name, chip in aot.TOPOLOGIES.items():\n"
               "    devices = chip.devices()\n"
@@ -63,7 +63,7 @@ def test_missing_libtpu_is_an_import_error(monkeypatch):
     """Without libtpu, report() says so (main turns it into one line) instead of jax's later RuntimeError."""
     import importlib.util
 
-    from bert_jax import aot
+    from bert_jax.training import aot
     from bert_jax.configs import pretrain
 
     real = importlib.util.find_spec

@@ -1,4 +1,4 @@
-"""Preparation on Apache Beam (`bert_jax.data.beam_pipeline`): every output file byte-equal to the local
+"""Preparation on Apache Beam (`bert_jax.data.pretraining.beam_pipeline`): every output file byte-equal to the local
 path's (metadata.json equal but for "seconds") on Beam's DirectRunner, in_memory and multi_processing, for
 tokenized documents and static instances, shard counts 1, 3 and 7, on the original's sample text and on a
 slice of Gutenberg with documents left empty and invalid UTF-8 lines; exact de-duplication against counts
@@ -18,15 +18,10 @@ from conftest import ROOT
 from test_bad_input import check_refused
 from test_remote_data import _same_directory, s3  # s3: the fake object store fixture
 
-from bert_jax.data import (
-    beam_pipeline,
-    corpus,
-    dedupe,
-    document_shards,
-    pretraining,
-)
+from bert_jax.data.pretraining import beam_pipeline, document_shards, procedure
+from bert_jax.data import corpus, dedupe
 
-OPTIONS = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+OPTIONS = procedure.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +53,7 @@ def _local(files, tokenizer, out, *, tokenize_only, num_shards, dedupe_mode="non
     if tokenize_only:
         return document_shards.tokenize_documents(documents, tokenizer, str(out), num_shards=num_shards,
                                                   read_stats=stats, extra_metadata=extra or {"source": "test"})
-    return pretraining.create_pretraining_data(documents, tokenizer, str(out), options=OPTIONS, dupe_factor=2,
+    return procedure.create_pretraining_data(documents, tokenizer, str(out), options=OPTIONS, dupe_factor=2,
                                                random_seed=3, num_shards=num_shards, read_stats=stats,
                                                extra_metadata=extra or {"source": "test"})
 

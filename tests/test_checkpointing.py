@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, engine, heads, initialisation, modeling, sharding, train
+from bert_jax.checkpoints import checkpointing, sources
+from bert_jax.training import pretraining, sharding, steps
+from bert_jax.model import heads
 from bert_jax.tasks import finetune
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import pretrain
@@ -34,9 +36,9 @@ def _config(instances, total_steps=6):
 
 
 def _abstract_state(config):
-    mesh = engine.make_mesh(config.mesh)
-    abstract, shardings = engine.state_shardings(
-        train.state_init(train.create_model(config), engine.create_optimizer(config)[0], 0), mesh)
+    mesh = steps.make_mesh(config.mesh)
+    abstract, shardings = steps.state_shardings(
+        pretraining.state_init(pretraining.create_model(config), steps.create_optimizer(config)[0], 0), mesh)
     return checkpointing.abstract_like(abstract, shardings)
 
 
@@ -91,7 +93,7 @@ def run(small_instances, tmp_path_factory):
     """The uninterrupted 6-step run: its workdir (checkpoints 2, 4, 6) and final params."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
     config = _config(small_instances)
-    train.train_and_evaluate(config, str(workdir))
+    pretraining.train_and_evaluate(config, str(workdir))
     assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
     return workdir, _params(workdir, config, 6)
 
@@ -108,7 +110,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_bit_identically(s
     _truncate(_copy(run, tmp_path) / "4")
     capsys.readouterr()
     config = _config(small_instances)
-    train.train_and_evaluate(config, str(tmp_path))  # 4 is unreadable: from 2 to 6
+    pretraining.train_and_evaluate(config, str(tmp_path))  # 4 is unreadable: from 2 to 6
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "unreadable" in line]
     assert len(lines) == 1 and lines[0].startswith(f"checkpoint 4 in {tmp_path / 'checkpoints'} is unreadable (") \
@@ -165,7 +167,7 @@ def test_shape_mismatch_is_a_config_error_not_corruption(small_instances, run, t
     config = _config(small_instances)
     config.model.hidden_size, config.model.intermediate_size = 64, 256
     with pytest.raises(checkpointing.CheckpointMismatch, match="has shape"):
-        train.train_and_evaluate(config, str(tmp_path))
+        pretraining.train_and_evaluate(config, str(tmp_path))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # left in place
 
 
@@ -176,13 +178,13 @@ def test_finetuning_restore_falls_back_to_the_previous_checkpoint(small_instance
     expected = _params(run[0], _config(small_instances), 2)  # the uninterrupted run's own checkpoint 2
     ft = glue_config.get_config("sst2")
     ft.init_checkpoint = str(tmp_path)
-    init = initialisation.resolve(ft.init_checkpoint, ft.model)
+    init = sources.resolve(ft.init_checkpoint, ft.model)
     model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(ft, 10)
     mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
     # The one checkpoint asked for is unreadable: a one-line error, nothing moved.
     with pytest.raises(checkpointing.NoReadableCheckpoint, match=r"^checkpoint 4 in .* is unreadable \(") as e:
-        finetune.create_state(model, tx, mesh, initialisation.Initialisation("orbax", str(checkpoints), init.config,
+        finetune.create_state(model, tx, mesh, sources.Initialisation("orbax", str(checkpoints), init.config,
                                                                          step=4), seed=0)
     assert "\n" not in str(e.value) and (checkpoints / "4").is_dir()
     capsys.readouterr()

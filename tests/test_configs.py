@@ -2,7 +2,7 @@
 
 import pytest
 
-from bert_jax import modeling
+from bert_jax.model import modeling
 from bert_jax.configs import pretrain
 
 

@@ -56,7 +56,7 @@ def test_libtpu_is_left_alone_where_a_tpu_or_a_topology_is_named(tmp_path):
 def test_the_library_changes_nothing_process_wide(tmp_path):
     """A program using bert_jax (a Checkpointer, a restore try that fails) keeps its unraisable hook, its
     logging filters, its environment and its file descriptor 2."""
-    from bert_jax import checkpointing
+    from bert_jax.checkpoints import checkpointing
 
     hook, environ, fd2 = sys.unraisablehook, dict(os.environ), os.fstat(2)
     filters = {name: list(logging.getLogger(name).filters) for name in ("absl", "asyncio")}

@@ -14,9 +14,11 @@ import torch
 import transformers
 from flax import traverse_util
 
-from bert_jax import checkpointing, convert, engine, initialisation, train
+from bert_jax.checkpoints import checkpointing, hf, sources
+from bert_jax.training import pretraining, steps
 from bert_jax.configs import pretrain
-from bert_jax.data import corpus, document_shards, tokenization
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import document_shards
 
 from conftest import xla_flags
 
@@ -79,12 +81,12 @@ def test_step0_losses_equal_transformers_from_a_bert_for_pretraining(instances, 
     transformers' on the same batch; the recipe's architecture (tiny) is replaced by the source's."""
     model, path = hf_pretraining
     config = _config(instances, path)
-    metrics = train.train_and_evaluate(config, str(tmp_path / "run"))
+    metrics = pretraining.train_and_evaluate(config, str(tmp_path / "run"))
     err = capfd.readouterr().err
     assert "architecture from config.init_checkpoint" in err and "hidden_size 128 -> 32" in err
     assert "initialised fresh" not in err
-    resolved, _ = initialisation.pretraining_source(config, str(tmp_path / "other"))
-    batch = next(train.iterator(train.resolve_phases(resolved)[0], resolved, None))
+    resolved, _ = sources.pretraining_source(config, str(tmp_path / "other"))
+    batch = next(pretraining.iterator(pretraining.resolve_phases(resolved)[0], resolved, None))
     mlm, nsp = _torch_losses(model, batch)
     assert metrics["mlm_loss"] == pytest.approx(mlm, abs=1e-4) and metrics["nsp_loss"] == pytest.approx(nsp, abs=1e-4)
     # The workdir carries itself: the source's architecture, the data's vocabulary and casing.
@@ -119,12 +121,12 @@ def _real_sentences(data_dir, n=4):
 
 def test_minilm_files_load_as_transformers_loads_them(minilm_dir, data_dir):
     """The real all-MiniLM-L6-v2 files, read by transformers (`AutoModel.from_pretrained`, torch, float32) and by
-    bert_jax (`convert.from_hf`): every hidden state (embeddings, 6 layers) and the pooled output equal within
+    bert_jax (`hf.from_hf`): every hidden state (embeddings, 6 layers) and the pooled output equal within
     float32 rounding on a padded batch of real sentences, and the file's pooler (its only head) is in the tree
     value for value, read from the safetensors file directly."""
     from safetensors.numpy import load_file
 
-    from bert_jax import modeling
+    from bert_jax.model import modeling
 
     theirs = transformers.AutoModel.from_pretrained(minilm_dir, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir)
@@ -132,7 +134,7 @@ def test_minilm_files_load_as_transformers_loads_them(minilm_dir, data_dir):
     assert batch["attention_mask"].min() == 0  # padded: the mask matters
     with torch.no_grad():
         want = theirs(**{k: torch.tensor(v) for k, v in batch.items()}, output_hidden_states=True)
-    config, params = convert.from_hf(str(minilm_dir))
+    config, params = hf.from_hf(str(minilm_dir))
     ours = modeling.BertModel(config).apply(
         {"params": params["bert"]}, *(np.asarray(batch[k], np.int32) for k in ("input_ids", "token_type_ids",
                                                                                "attention_mask")),
@@ -189,23 +191,23 @@ def test_continued_from_minilm_matches_transformers(gutenberg_documents, minilm_
     config.log_every, config.checkpoint_every = 1, 4
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     config.mesh.num_devices = 1
-    resolved, init = initialisation.pretraining_source(config, str(tmp_path / "run"))
+    resolved, init = sources.pretraining_source(config, str(tmp_path / "run"))
     assert resolved.model.hidden_size == 384 and resolved.model.num_hidden_layers == 6
-    mesh = engine.make_mesh(resolved.mesh)
-    program = train.build(resolved, mesh)
-    state = train.initial_state(resolved, program, mesh, init)  # the run's own start: its fresh heads
+    mesh = steps.make_mesh(resolved.mesh)
+    program = pretraining.build(resolved, mesh)
+    state = pretraining.initial_state(resolved, program, mesh, init)  # the run's own start: its fresh heads
     assert "initialised fresh: mlm_LayerNorm, mlm_output_bias, mlm_transform, nsp" in capfd.readouterr().err
     assert init.kind == "hf"
     theirs = transformers.BertForPreTraining.from_pretrained(minilm_dir, dtype=torch.float32).eval()
     _torch_heads_from(theirs, jax.device_get(state.params))
     start = _flat(state.params["bert"])
     del state
-    batch = next(train.iterator(train.resolve_phases(resolved)[0], resolved, None))
+    batch = next(pretraining.iterator(pretraining.resolve_phases(resolved)[0], resolved, None))
     assert "segment_ids" not in batch
     mlm, nsp = _torch_losses(theirs, batch)
 
-    train.train_and_evaluate(config, str(tmp_path / "run"))
-    from bert_jax import summaries
+    pretraining.train_and_evaluate(config, str(tmp_path / "run"))
+    from bert_jax.training import summaries
 
     records = summaries.read_metrics(str(tmp_path / "run"))
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -228,7 +230,7 @@ def test_tf_checkpoint_run_equals_hugging_face_run_bit_for_bit(instances, hf_pre
     finals = []
     for source in (path, tf_dir):
         workdir = tmp_path / f"run_{source.name}"
-        train.train_and_evaluate(_config(instances, source, steps=3), str(workdir))
+        pretraining.train_and_evaluate(_config(instances, source, steps=3), str(workdir))
         finals.append(_final_params(workdir, 3))
     assert finals[0].keys() == finals[1].keys()
     for k, v in finals[0].items():
@@ -266,11 +268,11 @@ def test_stopped_continued_run_resumes_from_its_workdir_not_the_source(instances
     shutil.copytree(path, source)
     config = _config(instances, source, steps=8)
     config.checkpoint_every = 2
-    train.train_and_evaluate(config, str(tmp_path / "whole"))
-    train.train_and_evaluate(config, str(tmp_path / "stopped"), max_steps=4)
+    pretraining.train_and_evaluate(config, str(tmp_path / "whole"))
+    pretraining.train_and_evaluate(config, str(tmp_path / "stopped"), max_steps=4)
     shutil.rmtree(source)  # a resume that read the source would fail
     capfd.readouterr()
-    train.train_and_evaluate(config, str(tmp_path / "stopped"))
+    pretraining.train_and_evaluate(config, str(tmp_path / "stopped"))
     assert "holds checkpoints: resuming from them" in capfd.readouterr().err
     expected, got = _final_params(tmp_path / "whole", 8), _final_params(tmp_path / "stopped", 8)
     for k, v in expected.items():
@@ -305,43 +307,43 @@ def test_bad_init_checkpoint_is_one_line_and_writes_nothing(case, instances, hf_
 
 def test_finetuning_vocabulary_comes_from_the_source_and_conflicts_are_errors(hf_pretraining, tmp_path):
     _, path = hf_pretraining
-    init = initialisation.resolve(str(path), pretrain.model_config("tiny"))
+    init = sources.resolve(str(path), pretrain.model_config("tiny"))
     config = pretrain.get_config("tiny")  # a model field set on the command line must agree with the source
     config.model.hidden_size, config.model.num_hidden_layers, config.explicit_model_fields = 32, 4, ["hidden_size"]
-    initialisation.check_explicit_fields(config, init.config, str(path))  # agrees; layers not set by hand
+    sources.check_explicit_fields(config, init.config, str(path))  # agrees; layers not set by hand
     config.explicit_model_fields = ["hidden_size", "num_hidden_layers"]
     with pytest.raises(ValueError, match=r"^--config.model.num_hidden_layers=4 conflicts with .* whose "
                                          r"num_hidden_layers is 2"):
-        initialisation.check_explicit_fields(config, init.config, str(path))
-    assert initialisation.vocabulary(init, "", None) == (str(path / "vocab.txt"), True)
-    assert initialisation.vocabulary(init, str(path / "vocab.txt"), None)[0] == str(path / "vocab.txt")
+        sources.check_explicit_fields(config, init.config, str(path))
+    assert sources.vocabulary(init, "", None) == (str(path / "vocab.txt"), True)
+    assert sources.vocabulary(init, str(path / "vocab.txt"), None)[0] == str(path / "vocab.txt")
     other = tmp_path / "vocab.txt"
     other.write_text("[PAD]\n[UNK]\n")
     with pytest.raises(ValueError, match=r"^config.vocab_file='.*' differs from the vocabulary of config.init_checkpoint"):
-        initialisation.vocabulary(init, str(other), None)
+        sources.vocabulary(init, str(other), None)
     (tmp_path / "cased").mkdir()
     shutil.copyfile(path / "vocab.txt", tmp_path / "cased" / "vocab.txt")
     (tmp_path / "cased" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
-    cased = initialisation.Initialisation("orbax", "x", init.config, vocab_file=str(tmp_path / "cased" / "vocab.txt"),
+    cased = sources.Initialisation("orbax", "x", init.config, vocab_file=str(tmp_path / "cased" / "vocab.txt"),
                                           do_lower_case=False)
-    assert initialisation.vocabulary(cased, "", None)[1] is False
+    assert sources.vocabulary(cased, "", None)[1] is False
     with pytest.raises(ValueError, match="do_lower_case=True conflicts with"):
-        initialisation.vocabulary(cased, "", True)
+        sources.vocabulary(cased, "", True)
 
 
 def assert_pretraining_export_matches(workdir, hf_dir) -> None:
     """`hf_dir`, `python -m bert_jax.convert to_hf` of the pre-training workdir `workdir`, loads in transformers
     (BertForPreTraining and its tokenizer) and gives bert_jax's MLM and NSP logits within 1e-5. tests/test_docs.py
     runs it on the README's export of the demo's pre-training (a run from outside the repository)."""
-    from bert_jax import convert_cli
+    from bert_jax.checkpoints import convert
 
     ids = transformers.AutoTokenizer.from_pretrained(hf_dir)(
         "who wrote the book?", "the book was written by a writer in london.", return_tensors="np")
     inputs = [np.asarray(ids[k], np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")]
-    init = initialisation.resolve(str(workdir), pretrain.model_config("tiny"))
-    params = convert_cli._host_params(init)[0]
+    init = sources.resolve(str(workdir), pretrain.model_config("tiny"))
+    params = convert._host_params(init)[0]
     positions = np.array([[1, 2, 3]], np.int32)
-    ours = train.create_model(_tiny_config(init)).apply({"params": params}, *inputs, positions, deterministic=True)
+    ours = pretraining.create_model(_tiny_config(init)).apply({"params": params}, *inputs, positions, deterministic=True)
     pre = transformers.AutoModelForPreTraining.from_pretrained(hf_dir).eval()
     with torch.no_grad():
         theirs = pre(**{k: torch.tensor(v, dtype=torch.long) for k, v in ids.items()})
@@ -362,7 +364,7 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     arrays and vocabulary; a missing input is one line on stderr, exit status 1, nothing written."""
     from test_tf_checkpoint import _google_variables, _write_checkpoint
 
-    from bert_jax import convert_cli
+    from bert_jax.checkpoints import convert
 
     model, path = hf_pretraining
     source = path
@@ -370,15 +372,15 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
         source = _write_checkpoint(tmp_path / "google", _google_variables(model),
                                    config=json.loads((path / "config.json").read_text()))
         shutil.copyfile(path / "vocab.txt", source / "vocab.txt")
-    assert convert_cli.main([command, "--input", str(source), "--output_dir", str(tmp_path / "out")]) == 0
-    init = initialisation.resolve(str(tmp_path / "out"), pretrain.model_config("tiny"))
+    assert convert.main([command, "--input", str(source), "--output_dir", str(tmp_path / "out")]) == 0
+    init = sources.resolve(str(tmp_path / "out"), pretrain.model_config("tiny"))
     assert init.kind == "orbax" and init.config.hidden_size == 32
-    assert initialisation.vocabulary(init, "", None)[0] == str(tmp_path / "out" / "vocab.txt")
+    assert sources.vocabulary(init, "", None)[0] == str(tmp_path / "out" / "vocab.txt")
     stored = checkpointing.stored_params(str(tmp_path / "out" / "checkpoints" / "0"))
     assert init.step is None  # the newest readable checkpoint: 0
-    _, reference = convert.from_hf(str(path))
+    _, reference = hf.from_hf(str(path))
     assert set(stored) == set(_flat(reference))
-    written = _flat(convert_cli._host_params(init)[0])  # the source's heads, value for value (HEAD_NAMES)
+    written = _flat(convert._host_params(init)[0])  # the source's heads, value for value (HEAD_NAMES)
     torch_state = model.state_dict()
     for ours, theirs, transposed in HEAD_NAMES:
         want = torch_state[theirs].numpy()
@@ -386,7 +388,8 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     # A fine-tuning job starts from it: the encoder is the source's, bit for bit.
     import optax
 
-    from bert_jax import heads, sharding
+    from bert_jax.model import heads
+    from bert_jax.training import sharding
     from bert_jax.tasks import finetune
 
     model = heads.BertForSequenceClassification(init.config, num_labels=3)
@@ -395,7 +398,7 @@ def test_conversion_into_a_bert_jax_checkpoint_is_an_init_checkpoint(command, hf
     for k, v in _flat(reference["bert"]).items():
         np.testing.assert_array_equal(ours[k], v, err_msg=k)
     capsys.readouterr()
-    status = convert_cli.main([command, "--input", str(tmp_path / "none"), "--output_dir", str(tmp_path / "bad")])
+    status = convert.main([command, "--input", str(tmp_path / "none"), "--output_dir", str(tmp_path / "bad")])
     err = capsys.readouterr().err
     assert status == 1 and len(err.strip().splitlines()) == 1 and "none" in err and not (tmp_path / "bad").exists()
 
@@ -404,7 +407,7 @@ def test_an_encoder_alone_goes_from_hf_and_back_to_a_bert_model(tmp_path, capsys
     """from_hf of a Hugging Face BertModel (no heads) and then to_hf of that checkpoint (the conversion
     command's `main`, in this process; its command line runs in tests/test_docs.py): a BertModel directory
     that transformers loads with the source's tensors, bit for bit."""
-    from bert_jax import convert_cli
+    from bert_jax.checkpoints import convert
 
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -413,8 +416,8 @@ def test_an_encoder_alone_goes_from_hf_and_back_to_a_bert_model(tmp_path, capsys
     source.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
                                                          + [f"w{i}" for i in range(94)]) + "\n")
-    assert convert_cli.main(["from_hf", "--input", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt")]) == 0
-    assert convert_cli.main(["to_hf", "--checkpoint", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "back")]) == 0
+    assert convert.main(["from_hf", "--input", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt")]) == 0
+    assert convert.main(["to_hf", "--checkpoint", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "back")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"{tmp_path / 'back'}: BertModel"
     assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["BertModel"]
     back = transformers.BertModel.from_pretrained(tmp_path / "back")

@@ -98,7 +98,7 @@ def test_summary_compares_each_task_with_its_random_init_run(capsys):
     pre-training does not beat random init, a skipped stage's reason."""
     # imported here, not at collection: the demo's absl flags (e.g. --dupe_factor) would clash with those of
     # create_pretraining_data in a test process that imported both
-    from bert_jax import demo
+    from bert_jax.experiments import demo
 
     summary = {"phases": [{"phase": 0, "max_seq_length": 128, "steps": "0-36", "mlm_accuracy": 0.047,
                            "mlm_loss": 6.799, "nsp_accuracy": 0.61, "nsp_loss": 0.672, "unigram_mlm_loss": 6.851,
@@ -129,9 +129,10 @@ def test_no_learning_baselines_are_those_of_the_logged_steps_batches(small_insta
     logged steps (drawn again in training order), the target frequencies counted here from the phase's instances.
     (Unpacked: a packed stream takes seconds to start on this small text; the demo's packed phases run in
     tests/test_docs.py's README run, checked by `assert_whole_pipeline`.)"""
-    from bert_jax import demo, train
+    from bert_jax.experiments import demo
+    from bert_jax.training import pretraining
     from bert_jax.configs import pretrain
-    from bert_jax.data import pretraining
+    from bert_jax.data.pretraining import procedure
 
     from conftest import SMALL_VOCAB_SIZE
 
@@ -141,14 +142,14 @@ def test_no_learning_baselines_are_those_of_the_logged_steps_batches(small_insta
     config.phases[0].update(data_dir=str(small_instances / "p1"), max_seq_length=64, max_predictions_per_seq=10,
                             packing=False, batch_size=8, fraction=1.0)
     config.total_steps = 5
-    phases = train.resolve_phases(config)
+    phases = pretraining.resolve_phases(config)
     entry = {"phase": 0, "logged_steps": [1, 3]}
     demo.no_learning_baselines(config, phases, [entry])
     counts = np.ones(SMALL_VOCAB_SIZE)
-    for instance in pretraining.iterate_instances(str(small_instances / "p1")):
+    for instance in procedure.iterate_instances(str(small_instances / "p1")):
         np.add.at(counts, instance["masked_lm_ids"], instance["masked_lm_weights"])
     log_q = np.log(counts / counts.sum())
-    it = train.iterator(phases[0], config, None)
+    it = pretraining.iterator(phases[0], config, None)
     batches = [next(it) for _ in range(3)]
     it.close()
     want = {k: [] for k in ("unigram_mlm_loss", "most_frequent_mlm_accuracy", "nsp_prior_loss",

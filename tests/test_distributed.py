@@ -1,4 +1,4 @@
-"""Multi-host start-up flags (bert_jax.distributed) and the fine-tuning CLI that takes them."""
+"""Multi-host start-up flags (bert_jax.training.distributed) and the fine-tuning CLI that takes them."""
 
 import socket
 import subprocess
@@ -8,7 +8,7 @@ import jax
 import pytest
 from absl import flags
 
-from bert_jax import distributed
+from bert_jax.training import distributed
 from conftest import ROOT
 
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, document_shards, dynamic, formats, packing, pipeline, pretraining, tokenization
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import document_shards, dynamic, formats, loader, packing, procedure
 from conftest import ROOT
 
 
@@ -28,7 +29,7 @@ def _iterator(path, **kw):
     args = dict(global_batch_size=64, seed=0, process_index=0, process_count=1, max_seq_length=128,
                 max_predictions_per_seq=20)
     args.update(kw)
-    return pipeline.make_pretraining_iterator(str(path), **args)
+    return loader.make_pretraining_iterator(str(path), **args)
 
 
 @pytest.mark.integration
@@ -121,7 +122,7 @@ def test_each_epoch_draws_afresh_and_a_resumed_stream_is_identical(documents, mo
     """The same document in epochs 0 and 1 gives other instances (masks, pairs); the same (epoch,
     document) gives the same ones; a stream restored from get_state (packed too) continues identically."""
     monkeypatch.setattr(dynamic, "DEFAULT_SHUFFLE_WINDOW", 256)  # a small corpus: a window of a few epochs
-    transform = dynamic._DrawInstances(str(documents), pretraining.InstanceOptions(), seed=0, do_lower_case=True)
+    transform = dynamic._DrawInstances(str(documents), procedure.InstanceOptions(), seed=0, do_lower_case=True)
     assert transform.map((0, 1)) == transform.map((0, 1))
     assert transform.map((0, 1)) != transform.map((1, 1))
     for packing in (False, True):
@@ -175,28 +176,28 @@ def test_bad_document_inputs_are_one_line_errors(documents, data_dir, tmp_path):
     with pytest.raises(ValueError, match="1 document"):
         next(_iterator(tmp_path / "one"))
     with pytest.raises(ValueError, match="give max_seq_length and max_predictions_per_seq"):
-        pipeline.make_pretraining_iterator(str(documents), global_batch_size=8, process_index=0, process_count=1)
+        loader.make_pretraining_iterator(str(documents), global_batch_size=8, process_index=0, process_count=1)
 
 
 def test_a_phase_and_the_evaluation_may_read_documents(documents, instances, small_documents):
     """config.eval_data_dir may hold tokenized documents (instances drawn with each phase's length and masking,
-    `bert_jax.evaluation`), of the training data's vocabulary: another one is a one-line error."""
+    `bert_jax.training.evaluation`), of the training data's vocabulary: another one is a one-line error."""
     import jax
 
-    from bert_jax import sharding, train
+    from bert_jax.training import pretraining, sharding
     from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
     config.phases[0].data_dir = str(documents)
     config.phases[1].data_dir = str(instances / "p2")
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    assert [p.data_dir for p in train.validate(config, mesh)] == [str(documents), str(instances / "p2")]
+    assert [p.data_dir for p in pretraining.validate(config, mesh)] == [str(documents), str(instances / "p2")]
     config.eval_data_dir = str(documents)
-    train.validate(config, mesh)
+    pretraining.validate(config, mesh)
     config.eval_data_dir = str(small_documents)  # the small vocabulary's ids
     with pytest.raises(ValueError, match=r"^config.eval_data_dir='.*' was tokenized with another vocabulary .* than "
                                          r"config.phases\[0\].data_dir="):
-        train.validate(config, mesh)
+        pretraining.validate(config, mesh)
 
 
 # ----------------------------------------------------------------------------- held-out documents
@@ -214,7 +215,7 @@ def articles(data_dir, tmp_path_factory):
 
 
 def test_holdout_split_is_fixed_disjoint_and_checked():
-    from bert_jax.data import holdout
+    from bert_jax.data.pretraining import holdout
 
     train_docs, held = holdout.split(1000, 0.05)
     assert len(held) == 50 and len(train_docs) == 950 and not set(train_docs) & set(held)
@@ -235,9 +236,9 @@ def test_training_never_reads_held_out_documents(articles, instances, monkeypatc
     """With a documents subset (`holdout.split`'s training side), a whole epoch, unpacked and packed with filled
     rows, reads exactly the training documents (instances, NotNext segments and fillers), never a held-out one;
     the evaluation's draw reads held-out documents only. A state of one subset does not resume another."""
-    from bert_jax import evaluation, train
+    from bert_jax.training import evaluation, pretraining
     from bert_jax.configs import pretrain
-    from bert_jax.data import holdout
+    from bert_jax.data.pretraining import holdout
 
     train_docs, held = holdout.split(20, 0.2)
     read = []
@@ -262,7 +263,7 @@ def test_training_never_reads_held_out_documents(articles, instances, monkeypatc
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(articles), 16)]
     config.eval_fraction, config.eval_batches = 0.2, 4
-    evaluation.draw(config, train.resolve_phases(config)[0])
+    evaluation.draw(config, pretraining.resolve_phases(config)[0])
     assert read and set(read) <= set(held.tolist())
     with pytest.raises(ValueError, match="holds static instances: documents= applies to tokenized documents"):
         _iterator(instances / "p1", max_seq_length=None, max_predictions_per_seq=None, documents=train_docs)
@@ -272,7 +273,7 @@ def test_held_out_instances_are_fixed_and_drawn_with_the_phase_masking(articles,
     """evaluation.draw: the same batches at every call (seed EVAL_SEED, epoch 0, whatever config.seed), kept per
     phase by HeldOut; drawn with the phase's masking: masked_lm_prob of the tokens predicted, and whole words
     masked together with do_whole_word_mask."""
-    from bert_jax import evaluation, train
+    from bert_jax.training import evaluation, pretraining
     from bert_jax.configs import pretrain
 
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
@@ -280,7 +281,7 @@ def test_held_out_instances_are_fixed_and_drawn_with_the_phase_masking(articles,
     config.phases = [pretrain.phase(64, 20, 0.5, str(articles), 16, masked_lm_prob=0.3, do_whole_word_mask=True),
                      pretrain.phase(64, 20, 0.5, str(articles), 16)]
     config.eval_fraction, config.eval_batches = 0.2, 6
-    whole, plain = train.resolve_phases(config)
+    whole, plain = pretraining.resolve_phases(config)
     first = evaluation.draw(config, whole)
     config.seed = 7
     for a, b in zip(first, evaluation.draw(config, whole), strict=True):
@@ -327,17 +328,17 @@ def test_log_prior_of_documents_is_the_tokens_unigram(documents):
     tokens = np.concatenate([store[d][0] for d in range(len(store))])
     counts = np.bincount(tokens, minlength=30522).astype(np.float64) + 1.0
     want = np.log(counts / counts.sum())
-    np.testing.assert_allclose(pretraining.masked_token_log_prior(str(documents), 30522), want - want.mean(),
+    np.testing.assert_allclose(procedure.masked_token_log_prior(str(documents), 30522), want - want.mean(),
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="token id"):
-        pretraining.masked_token_log_prior(str(documents), 100)
+        procedure.masked_token_log_prior(str(documents), 100)
 
 
 def test_log_prior_with_held_out_documents_counts_the_training_documents_only(articles):
     """mlm_bias_init="log_prior" with config.eval_fraction: the unigram of the training documents' tokens."""
-    from bert_jax import train
+    from bert_jax.training import pretraining
     from bert_jax.configs import pretrain
-    from bert_jax.data import holdout
+    from bert_jax.data.pretraining import holdout
 
     store = document_shards.Documents(str(articles))
     config = pretrain.get_config("tiny")
@@ -345,7 +346,7 @@ def test_log_prior_with_held_out_documents_counts_the_training_documents_only(ar
     train_docs, _ = holdout.split(len(store), 0.2)
     counts = sum(np.bincount(store[int(d)][0], minlength=config.model.vocab_size) for d in train_docs).astype(np.float64)
     want = np.log((counts + 1) / (counts + 1).sum())
-    np.testing.assert_allclose(train.initial_mlm_bias(config), want - want.mean(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pretraining.initial_mlm_bias(config), want - want.mean(), rtol=1e-5, atol=1e-5)
 
 
 def test_filled_rows_keep_their_instances_and_add_valid_ones(documents, monkeypatch):
@@ -386,7 +387,7 @@ def test_filled_rows_keep_their_instances_and_add_valid_ones(documents, monkeypa
 def test_default_shuffle_window_is_at_most_one_epoch_per_process():
     """The window holds about one epoch's instances of a process (tokens over max_seq_length - 3, over the
     process count), at most DEFAULT_SHUFFLE_WINDOW; without a token count, DEFAULT_SHUFFLE_WINDOW."""
-    options = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+    options = procedure.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
     assert dynamic.default_shuffle_window({"num_tokens": 61_000}, options, 1) == 1000
     assert dynamic.default_shuffle_window({"num_tokens": 61_000}, options, 2) == 500
     assert dynamic.default_shuffle_window({"num_tokens": 30}, options, 1) == 1
@@ -500,14 +501,14 @@ def masking_corpus(data_dir, tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def drawn(masking_corpus, tokenizer):
     """{masking name: (static instances, dynamic instances)}: create_pretraining_data with the options as flags
-    (dupe_factor 1) and `pipeline.make_pretraining_iterator` on the tokenized documents with them (one epoch, in
+    (dupe_factor 1) and `loader.make_pretraining_iterator` on the tokenized documents with them (one epoch, in
     document order), the same documents."""
     documents, docs_dir, out = masking_corpus
     result = {}
     for name, masking in MASKINGS.items():
-        pretraining.create_pretraining_data(iter(documents), tokenizer, str(out / name), dupe_factor=1, num_shards=2,
-                                            options=pretraining.InstanceOptions(max_seq_length=LENGTH, **masking))
-        static = _Drawn.unpacked(_stack(pretraining.iterate_instances(str(out / name))))
+        procedure.create_pretraining_data(iter(documents), tokenizer, str(out / name), dupe_factor=1, num_shards=2,
+                                            options=procedure.InstanceOptions(max_seq_length=LENGTH, **masking))
+        static = _Drawn.unpacked(_stack(procedure.iterate_instances(str(out / name))))
         batches = list(_iterator(docs_dir, global_batch_size=50, shuffle=False, num_epochs=1, **masking))
         result[name] = static, _Drawn.unpacked({k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
     return result
@@ -632,7 +633,7 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
     refuses to resume with other masking."""
     import jax
 
-    from bert_jax import sharding, train
+    from bert_jax.training import pretraining, sharding
     from bert_jax.configs import pretrain
 
     default = pretrain.phase(128, 20, 1.0, "", 8)
@@ -649,9 +650,9 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
 
     config = tiny()
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    phases = train.validate(config, mesh)
+    phases = pretraining.validate(config, mesh)
     assert phases[0].masking() == dict(masked_lm_prob=0.15, do_whole_word_mask=True, short_seq_prob=0.1)
-    it = train.iterator(phases[0], config, None)
+    it = pretraining.iterator(phases[0], config, None)
     batches = [next(it) for _ in range(10)]
     it.close()
     is_continuation = np.array([t.startswith("##") for t in tokenizer.inv_vocab])
@@ -664,7 +665,7 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
         message = (rf"config.phases\[1\].{field}={value} but {p2} holds static instances masked with {field}={held} "
                    rf"\(fixed when they were written\): set config.phases\[1\].{field}={held}")
         with pytest.raises(ValueError, match=message) as raised:
-            train.validate(tiny(1, **{field: value}), mesh)
+            pretraining.validate(tiny(1, **{field: value}), mesh)
         assert "\n" not in str(raised.value)
         with pytest.raises(ValueError, match=rf"{field}={value} requested but {p2} holds static instances masked "
                                              rf"with {field}={held}"):
@@ -672,7 +673,7 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
     for field, value, error in (("masked_lm_prob", 1.5, r"masked_lm_prob=1.5 must be in \(0, 1\)"),
                                 ("short_seq_prob", -0.1, r"short_seq_prob=-0.1 must be in \[0, 1\]")):
         with pytest.raises(ValueError, match=rf"^config.phases\[0\].{error}$"):
-            train.validate(tiny(0, **{field: value}), mesh)
+            pretraining.validate(tiny(0, **{field: value}), mesh)
     it = _iterator(docs_dir, global_batch_size=8)
     next(it)
     state = json.loads(json.dumps(it.get_state()))
@@ -680,6 +681,6 @@ def test_train_phases_carry_the_masking(masking_corpus, instances, tokenizer):
     with pytest.raises(ValueError, match="iterator state was drawn with do_whole_word_mask=False, this iterator "
                                          "draws with do_whole_word_mask=True"):
         _iterator(docs_dir, global_batch_size=8, do_whole_word_mask=True).set_state(state)
-    for key in pretraining.MASKING_FIELDS:  # a state of before the masking fields: drawn with the defaults
+    for key in procedure.MASKING_FIELDS:  # a state of before the masking fields: drawn with the defaults
         del state[key]
     _iterator(docs_dir, global_batch_size=8).set_state(state)

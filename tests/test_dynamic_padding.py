@@ -10,7 +10,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import batching, heads, initialisation, losses, modeling, sharding
+from bert_jax.tasks import batching
+from bert_jax.model import heads, modeling
+from bert_jax.checkpoints import sources
+from bert_jax.training import losses, sharding
 from bert_jax.tasks import finetune, prediction
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import ner as ner_config
@@ -185,7 +188,7 @@ def test_bucketed_batches_cut_only_padding(group):
 
 
 def _steps(model, loss_fn, mesh, config):
-    init = initialisation.Initialisation("random", "", model.config)
+    init = sources.Initialisation("random", "", model.config)
     tx, schedule = finetune.create_optimizer(config, 8)
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=0)
     return state, finetune.compile_steps(model, tx, schedule, mesh, shardings, loss_fn)

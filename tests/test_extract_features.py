@@ -21,7 +21,9 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import extract_features, modeling, weights
+from bert_jax.tasks import extract_features
+from bert_jax.model import modeling
+from bert_jax.checkpoints import weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,

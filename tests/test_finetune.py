@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import checkpointing, convert, engine, heads, initialisation, losses, modeling, sharding, train
+from bert_jax.checkpoints import checkpointing, hf, sources
+from bert_jax.training import losses, pretraining, sharding, steps
+from bert_jax.model import heads
 from bert_jax.tasks import finetune, job
 from bert_jax.tasks import glue as glue_task
 from bert_jax.tasks import squad as squad_task
@@ -30,7 +32,7 @@ def pretrained(instances, tmp_path_factory):
     config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 6, 2, 3, 3
     config.mesh.num_devices = 1
     workdir = tmp_path_factory.mktemp("pretrain")
-    train.train_and_evaluate(config, str(workdir))
+    pretraining.train_and_evaluate(config, str(workdir))
     return workdir
 
 
@@ -63,7 +65,7 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     config = squad_config.get_config("tiny")
     config.init_checkpoint = str(pretrained)
     config.model.dtype = "bfloat16"
-    init = initialisation.resolve(config.init_checkpoint, config.model)
+    init = sources.resolve(config.init_checkpoint, config.model)
     assert init.kind == "orbax" and init.config.dtype == "bfloat16" and init.config.num_hidden_layers == 2
     model = heads.BertForQuestionAnswering(init.config)
     tx, _ = finetune.create_optimizer(config, 10)
@@ -71,8 +73,8 @@ def test_orbax_encoder_restores_onto_another_mesh_and_dtype(pretrained):
     state, shardings = finetune.create_state(model, tx, mesh, init, seed=3)
     saved = checkpointing.Checkpointer(str(pretrained / "checkpoints"), async_save=False)
     pre_config = pretrain.get_config("tiny")
-    pre_tx, _ = engine.create_optimizer(pre_config)
-    abstract, pre_shardings = engine.state_shardings(train.state_init(train.create_model(pre_config), pre_tx, 0),
+    pre_tx, _ = steps.create_optimizer(pre_config)
+    abstract, pre_shardings = steps.state_shardings(pretraining.state_init(pretraining.create_model(pre_config), pre_tx, 0),
                                                      sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
     pre_state, _ = saved.restore(saved.latest_step(), checkpointing.abstract_like(abstract, pre_shardings))
     saved.close()
@@ -95,7 +97,7 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
     for path in (pretrained / "checkpoints" / "3", pretrained):
         config = glue_config.get_config("sst2")
         config.init_checkpoint = str(path)
-        init = initialisation.resolve(config.init_checkpoint, config.model)
+        init = sources.resolve(config.init_checkpoint, config.model)
         model = heads.BertForSequenceClassification(init.config, num_labels=2)
         tx, _ = finetune.create_optimizer(config, 10)
         state, _ = finetune.create_state(model, tx, sharding.make_mesh(1, 1, 1, jax.devices()[:1]), init, seed=0)
@@ -114,12 +116,12 @@ def test_init_from_one_checkpoint_of_a_run(pretrained):
 def test_hf_encoder_and_fresh_head(minilm_dir, optimized_programs):
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(minilm_dir)
-    init = initialisation.resolve(config.init_checkpoint, config.model)
+    init = sources.resolve(config.init_checkpoint, config.model)
     assert init.kind == "hf" and init.config.hidden_size == 384
     model = heads.BertForSequenceClassification(init.config, num_labels=2)
     tx, _ = finetune.create_optimizer(config, 10)
     state, _ = finetune.create_state(model, tx, sharding.make_mesh(8, 1, 1), init, seed=0)
-    _, reference = convert.from_hf(str(minilm_dir))
+    _, reference = hf.from_hf(str(minilm_dir))
     ours, theirs = _flat(state.params["bert"]), _flat(reference["bert"])
     assert set(ours) == set(theirs)  # the classifier keeps the pooler
     for k in ours:
@@ -134,7 +136,7 @@ def test_dropout_is_the_jobs_architecture_the_checkpoints(pretrained, minilm_dir
         config = glue_config.get_config("sst2")
         config.init_checkpoint = str(path)
         config.model.hidden_dropout_prob, config.model.attention_probs_dropout_prob = 0.25, 0.0
-        init = initialisation.resolve(config.init_checkpoint, config.model)
+        init = sources.resolve(config.init_checkpoint, config.model)
         assert init.config.hidden_size == hidden != config.model.hidden_size
         assert (init.config.hidden_dropout_prob, init.config.attention_probs_dropout_prob) == (0.25, 0.0)
 
@@ -143,7 +145,7 @@ def test_bad_init_checkpoint_is_one_line(tmp_path):
     config = squad_config.get_config("tiny")
     config.init_checkpoint = str(tmp_path)
     with pytest.raises(FileNotFoundError, match="neither a Hugging Face directory") as e:
-        initialisation.resolve(config.init_checkpoint, config.model)
+        sources.resolve(config.init_checkpoint, config.model)
     assert "\n" not in str(e.value)
 
 
@@ -212,7 +214,7 @@ def test_finetune_loss_same_on_any_mesh(pretrained, small_squad, data_dir):
                                                max_seq_length=64, doc_stride=32, max_query_length=16,
                                                is_training=True)
     config = _squad_config(pretrained, vocab, small_squad)
-    init = initialisation.resolve(config.init_checkpoint, config.model)
+    init = sources.resolve(config.init_checkpoint, config.model)
     model = heads.BertForQuestionAnswering(init.config)
     curves = []
     for mesh in (sharding.make_mesh(1, 1, 1, jax.devices()[:1]), sharding.make_mesh(2, 2, 2)):

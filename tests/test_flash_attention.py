@@ -1,6 +1,6 @@
-"""`bert_jax.kernels.flash_gpu`: the fused attention with in-kernel dropout, run in Pallas's interpreter on the CPU,
+"""`bert_jax.model.kernels.flash_gpu`: the fused attention with in-kernel dropout, run in Pallas's interpreter on the CPU,
 against an independent reference in plain jnp (softmax(q k^T + segment mask), the probabilities dropped with
-`bert_jax.kernels.dropout.keep_mask` of the same key, then @ v), in value and gradient, float32 and bfloat16,
+`bert_jax.model.kernels.dropout.keep_mask` of the same key, then @ v), in value and gradient, float32 and bfloat16,
 with and without dropout, on a padded row (attention_mask as segment ids) and a packed row (three segments and
 padding) in one batch. Then the mask itself (recovered through an identity value: exactly keep_mask's, keeps
 ~0.9, independent across seeds, the same for other block sizes and for a shard of the batch and heads), and the
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.kernels import dropout, flash_gpu
+from bert_jax.model.kernels import dropout, flash_gpu
 
 pytestmark = pytest.mark.unit  # about 18 s in all on a 2-core CPU (interpreted kernels; compilation dominates)
 

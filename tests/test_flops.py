@@ -1,11 +1,12 @@
-"""Analytic FLOPs (bert_jax.flops) against XLA's own count of the compiled forward pass."""
+"""Analytic FLOPs (bert_jax.model.flops) against XLA's own count of the compiled forward pass."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import flops, modeling, weights
+from bert_jax.model import flops, modeling
+from bert_jax.checkpoints import weights
 
 CONFIG = modeling.BertConfig(vocab_size=101, hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
                              intermediate_size=2048, max_position_embeddings=64, kernels="reference")

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bert_jax import errors
-from bert_jax.bert_config import BertConfig
-from bert_jax.data import conll, corpus, document_shards, formats, glue, pipeline, pretraining, squad, swag, tokenization
+from bert_jax.model.bert_config import BertConfig
+from bert_jax.data import corpus, glue, ner, squad, swag, tokenization
+from bert_jax.data.pretraining import document_shards, formats, loader, procedure
 
 MAX_EXAMPLES = 1000
 FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
@@ -242,7 +243,7 @@ _CONLL = _conll_rows()
 @given(data=lines_file(_CONLL, " "))
 def test_conll(scratch, data):
     path = _write(scratch / "eng.train", data)
-    check_read(lambda: conll.read_conll(path), path)
+    check_read(lambda: ner.read_conll(path), path)
 
 
 # ----------------------------------------------------------------------------- SWAG CSV
@@ -285,9 +286,9 @@ def outputs(data_dir, tmp_path_factory):
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
     out = tmp_path_factory.mktemp("outputs")
     sample = [str(data_dir / "corpus" / "bert_sample_text.txt")]
-    instances = pretraining.create_pretraining_data(
+    instances = procedure.create_pretraining_data(
         corpus.read_sentence_documents(sample, corpus.ReadStats()), tok, str(out / "instances"),
-        options=pretraining.InstanceOptions(max_seq_length=32, max_predictions_per_seq=5), dupe_factor=1)
+        options=procedure.InstanceOptions(max_seq_length=32, max_predictions_per_seq=5), dupe_factor=1)
     documents = document_shards.tokenize_documents(corpus.read_sentence_documents(sample, corpus.ReadStats()), tok,
                                                    str(out / "documents"), num_shards=2)
     return out, {"instances": instances, "documents": documents}
@@ -305,7 +306,7 @@ def test_metadata_json(outputs, kind, edit, packing):
 
     def read():
         if full:
-            pipeline.make_pretraining_iterator(
+            loader.make_pretraining_iterator(
                 str(path), global_batch_size=2, shuffle=False, num_epochs=1, process_index=0, process_count=1,
                 max_seq_length=32, max_predictions_per_seq=5, packing=packing).close()
             return
@@ -334,7 +335,7 @@ _BERT_CONFIG = st.fixed_dictionaries({
 @FUZZ
 @given(data=json_file(_BERT_CONFIG))
 def test_bert_config_json(scratch, data):
-    from bert_jax.bert_config import read_checkpoint_config
+    from bert_jax.model.bert_config import read_checkpoint_config
 
     path = _write(scratch / "bert_config.json", data)
     check_read(lambda: BertConfig.from_json_file(path), path)

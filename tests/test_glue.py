@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, heads, losses, modeling
+from bert_jax.checkpoints import hf
+from bert_jax.model import heads, modeling
+from bert_jax.training import losses
 from bert_jax.data import glue
 from bert_jax.tasks import job
 from bert_jax.tasks import glue as glue_task
@@ -468,7 +470,7 @@ def test_to_hf_regression_head_matches_transformers(tmp_path):
     params = jax.device_get(nn.unbox(model.init(jax.random.key(1), jnp.asarray(ids)))["params"])
     params["classifier"]["kernel"] = np.random.default_rng(2).normal(0, 0.5, (48, 1)).astype(np.float32)
     params["classifier"]["bias"] = np.array([2.5], np.float32)
-    convert.to_hf(config, params, str(tmp_path))
+    hf.to_hf(config, params, str(tmp_path))
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["problem_type"] == "regression" and written["id2label"] == {"0": "LABEL_0"}
 

@@ -1,4 +1,4 @@
-"""bert_jax.host_malloc: the GLIBC_TUNABLES merge, and their effect on XLA:CPU's per-execution buffer,
+"""bert_jax.training.host_malloc: the GLIBC_TUNABLES merge, and their effect on XLA:CPU's per-execution buffer,
 observed through the kernel's own minor-fault counter."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bert_jax import host_malloc
+from bert_jax.training import host_malloc
 from conftest import ROOT
 
 # A jitted function whose temporary buffer (the [4096, 4096] float32 product a @ b, 64 MiB, input of the
@@ -85,7 +85,7 @@ def test_local_cpu_launcher_exports_the_tunables(tmp_path):
 @pytest.mark.integration
 @pytest.mark.skipif(not host_malloc.applies_here(), reason="glibc tunables exist on Linux with glibc only")
 def test_reexec_tuned_reruns_the_same_process_once_under_the_tunables():
-    code = ("import os; from bert_jax import host_malloc; print('start', os.getpid(), flush=True); "
+    code = ("import os; from bert_jax.training import host_malloc; print('start', os.getpid(), flush=True); "
             "host_malloc.reexec_tuned('probe'); print('tuned', os.getpid(), os.environ['GLIBC_TUNABLES'])")
     env = _environ_untuned()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,

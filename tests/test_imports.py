@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 from typing import Iterator
 
 import pytest
@@ -23,11 +24,25 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The pre-training data package's layers, bottom first: a module may import its own layer's modules
 # (acyclically) and the layers below, never one above.
 DATA_LAYERS = (
-    ("formats",),  # metadata.json, format versions and kinds, the shards a metadata.json lists
-    ("document_shards", "pretraining"),  # tokenized documents; static instances
-    ("stream", "packing", "dynamic"),  # the global order and grain workers; packing; drawing while reading
-    ("pipeline",),  # the grain input pipeline
+    ("formats", "token_store"),  # metadata.json, format versions and kinds, shard opening; the token store
+    ("document_shards", "procedure"),  # tokenized documents; the original's instances
+    ("holdout", "stream", "packing", "dynamic", "beam_pipeline"),  # held-out split, global order, packing,
+    # drawing while reading; preparation on Beam
+    ("loader",),  # the grain input pipelines
 )
+
+# The package's rooms, bottom first: a room imports its own modules and the rooms below, never one above. The
+# entry points (`python -m bert_jax.train`, ...) run their room's module with runpy and import nothing.
+ROOMS = (
+    ("errors", "storage", "console"),  # one-line errors, paths and URIs, the command line's stderr
+    ("model", "data"),  # the model and its kernels; corpora, tokenization, task files, pre-training data
+    ("configs", "checkpoints"),  # the recipes; checkpoints and weight formats
+    ("training",),  # step machinery, loop, pre-training
+    ("tasks",),  # fine-tuning jobs, feature extraction
+    ("experiments",),  # the demo, transfer experiments
+    ("train", "aot", "convert", "demo", "extract_features"),  # entry points
+)
+
 
 def _module_names(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
     """Module name -> its file, for every module under root/bert_jax/."""
@@ -194,11 +209,90 @@ def test_no_import_cycles(graph):
 
 def test_data_package_imports_downwards(graph):
     """A pre-training data module imports only its own layer and those below it (DATA_LAYERS)."""
-    layer = {f"bert_jax.data.{m}": i for i, modules in enumerate(DATA_LAYERS) for m in modules}
+    layer = {f"bert_jax.data.pretraining.{m}": i for i, modules in enumerate(DATA_LAYERS) for m in modules}
     assert set(layer) <= set(graph), f"DATA_LAYERS names modules that do not exist: {set(layer) - set(graph)}"
     upward = [f"{a} (layer {layer[a]}) imports {b} (layer {layer[b]}) at {where}"
               for a in sorted(layer) for b, where in sorted(graph[a].items()) if layer.get(b, -1) > layer[a]]
     assert not upward, "imports against the data package's layering:\n" + "\n".join(upward)
+
+
+
+def _room(module: str) -> str:
+    """bert_jax.training.steps -> training; bert_jax.train -> train; bert_jax -> '' (the package's lazy API)."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_rooms_import_downwards(graph):
+    """Every module's room (its first name under bert_jax) is in ROOMS, and imports only its own room and the
+    rooms below it: the model knows nothing of training, training nothing of the tasks."""
+    layer = {room: i for i, rooms in enumerate(ROOMS) for room in rooms}
+    unplaced = sorted({_room(m) for m in graph} - set(layer) - {""})
+    assert not unplaced, f"rooms missing from ROOMS: {unplaced}"
+    upward = [f"{a} ({_room(a)}, layer {layer[_room(a)]}) imports {b} ({_room(b)}, layer {layer[_room(b)]}) at {where}"
+              for a in sorted(graph) if _room(a) for b, where in sorted(graph[a].items())
+              if _room(b) and layer[_room(b)] > layer[_room(a)]]
+    assert not upward, "imports against the rooms' order:\n" + "\n".join(upward)
+
+
+def test_rooms_are_small():
+    """At most 12 modules and 8 subpackages at any one level of the package (issue 51's layout rule)."""
+    crowded = {}
+    for package in [ROOT / "bert_jax", *(p.parent for p in (ROOT / "bert_jax").rglob("__init__.py"))]:
+        modules = [p for p in package.glob("*.py") if p.name != "__init__.py"]
+        packages = [p for p in package.iterdir() if (p / "__init__.py").is_file()]
+        if len(modules) > 12 or len(packages) > 8:
+            crowded[str(package.relative_to(ROOT))] = (len(modules), len(packages))
+    assert not crowded, f"packages with more than 12 modules or 8 subpackages (modules, subpackages): {crowded}"
+
+
+def test_workspace_map_is_true_to_the_files():
+    """WORKSPACE.md's layout rows name every module of bert_jax/ and only files that exist (a row's first cell:
+    `bert_jax/a/b.py`, then bare names in the same folder, `c.py`)."""
+    named = set()
+    for line in (ROOT / "WORKSPACE.md").read_text().splitlines():
+        if not line.startswith("| `bert_jax/"):
+            continue
+        folder = None
+        for item in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            path = item if item.startswith("bert_jax/") else f"{folder}/{item}"
+            folder = path.rstrip("/").rpartition("/")[0] if path.endswith(".py") else path.rstrip("/")
+            named.add(path.rstrip("/"))
+    missing = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bert_jax").rglob("*.py")
+                     if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in named
+                     and str(p.parent.relative_to(ROOT)) not in named)
+    stale = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing and not stale, f"modules without a WORKSPACE.md row: {missing}; rows naming no file: {stale}"
+
+
+def documented_commands() -> list[str]:
+    """Every `python -m bert_jax...` module named in README.md, docs/, launch/ and the Makefile."""
+    texts = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "docs").glob("*.md"), *(ROOT / "launch").iterdir()]
+    found = set()
+    for path in texts:
+        found.update(re.findall(r"python3? -m (bert_jax(?:\.[a-z_]+)*)", path.read_text()))
+    return sorted(found)
+
+
+def test_documented_commands_start():
+    """Each documented command starts in a fresh interpreter: `--help` prints its usage (absl exits 1 after
+    help, argparse 0) with no traceback, so a moved module or an entry point that lost its target fails here."""
+    import concurrent.futures
+    import subprocess
+    import sys
+
+    commands = documented_commands()
+    assert {"bert_jax.train", "bert_jax.convert", "bert_jax.aot", "bert_jax.demo", "bert_jax.extract_features",
+            "bert_jax.data.create_pretraining_data", "bert_jax.tasks.squad"} <= set(commands), commands
+
+    def start(module):
+        return module, subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(start, commands))
+    failed = [f"{module}: exit {r.returncode}: {r.stderr[-800:]}" for module, r in results
+              if r.returncode not in (0, 1) or "Traceback" in r.stderr or not r.stdout.strip()]
+    assert not failed, "\n".join(failed)
 
 
 def test_commands_start_without_what_they_do_not_run():
@@ -209,7 +303,7 @@ def test_commands_start_without_what_they_do_not_run():
     import sys
 
     probe = ("import sys\n"
-             "import bert_jax.data.create_pretraining_data, bert_jax.data.vocab, bert_jax.data.beam_pipeline\n"
+             "import bert_jax.data.create_pretraining_data, bert_jax.data.vocab, bert_jax.data.pretraining.beam_pipeline\n"
              "print(sorted(m for m in ('jax', 'flax', 'orbax', 'grain') if m in sys.modules))\n"
              "import bert_jax.tasks.glue\n"
              "print(sorted(m for m in ('scipy', 'sklearn') if m in sys.modules))\n")

@@ -1,4 +1,4 @@
-"""The kernel sets of `bert_jax.kernels`: the switch, and every operation of each set against an
+"""The kernel sets of `bert_jax.model.kernels`: the switch, and every operation of each set against an
 independent truth (torch for GELU, autodiff of the plain formula) in value and gradient, float32 and
 bfloat16; the xla_cpu set against the reference set. Also the forms every set shares, LayerNorm (against
 torch) and the masked-LM loss (against autodiff of log_softmax)."""
@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import kernels, layers, losses, modeling, sharding
-from bert_jax.kernels import dropout as hashed, gpu, reference, xla_cpu
+from bert_jax.model import kernels, layers, modeling
+from bert_jax.training import losses, sharding
+from bert_jax.model.kernels import dropout as hashed, gpu, reference, xla_cpu
 
 SETS = ["reference", "xla_cpu"]
 DTYPES = ["float32", "bfloat16"]

@@ -77,7 +77,7 @@ def test_tpu_vm_pod_ships_the_package_only(tmp_path):
             names = tar.getnames()
     finally:
         os.remove(archive)
-    assert "bert_jax/train.py" in names and "setup.cfg" in names and "bert_jax/configs/pretrain.py" in names
+    assert "bert_jax/training/pretraining.py" in names and "setup.cfg" in names and "bert_jax/configs/pretrain.py" in names
     assert not [n for n in names if n.startswith(("data", "demo_run", "tests", "benchmarks", ".git"))]
 
 

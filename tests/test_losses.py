@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import losses
+from bert_jax.training import losses
 
 
 def test_masked_lm_loss_hand_computed():

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import heads, layers, modeling, sharding, weights
+from bert_jax.model import heads, layers, modeling
+from bert_jax.training import sharding
+from bert_jax.checkpoints import weights
 from bert_jax.configs import pretrain
 
 # The original tester's sizes: batch 13, length 7, vocab 99, hidden 32.
@@ -19,7 +21,7 @@ B, L, P = 13, 7, 3
 
 @pytest.fixture(params=["reference", "xla_cpu"])
 def kernel_set(request):
-    """The numerics tests run with both `bert_jax.kernels` sets."""
+    """The numerics tests run with both `bert_jax.model.kernels` sets."""
     return request.param
 
 

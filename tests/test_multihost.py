@@ -80,13 +80,14 @@ def _copy_checkpoint(src, dst, step):
 def params_of():
     """(workdir, step) -> the flat {path: array} parameters of that checkpoint, read onto one local device
     (whatever devices and processes wrote it)."""
-    from bert_jax import checkpointing, engine, sharding, train
+    from bert_jax.checkpoints import checkpointing
+    from bert_jax.training import pretraining, sharding, steps
     from bert_jax.configs import pretrain
 
     config = pretrain.get_config("tiny")
     config.model.vocab_size = SMALL_VOCAB_SIZE
-    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
-    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0),
+    model, (tx, _) = pretraining.create_model(config), steps.create_optimizer(config)
+    abstract, shardings = steps.state_shardings(pretraining.state_init(model, tx, 0),
                                                   sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     like = checkpointing.abstract_like(abstract, shardings).params
 

@@ -16,8 +16,10 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from bert_jax import convert, heads, losses, modeling
-from bert_jax.data import conll
+from bert_jax.checkpoints import hf
+from bert_jax.model import heads
+from bert_jax.training import losses
+from bert_jax.data import ner
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import ner as ner_task
 from bert_jax.configs import ner as ner_config
@@ -109,8 +111,8 @@ def hf_tokens(tmp_path_factory):
                 p.add_(0.1 * torch.randn_like(p))
     path = tmp_path_factory.mktemp("hf_tokens")
     reference.save_pretrained(path)
-    with _warnings("bert_jax.weights") as reports:
-        config, params = convert.from_hf(str(path))
+    with _warnings("bert_jax.checkpoints.weights") as reports:
+        config, params = hf.from_hf(str(path))
     return reference, path, config, params, reports
 
 
@@ -144,7 +146,7 @@ def test_token_classification_head_matches_transformers_both_ways(hf_tokens, tmp
                                                     jnp.asarray(first, jnp.float32))
     assert float(count) == first.sum() and float(total / count) == pytest.approx(float(theirs.loss), rel=1e-5)
 
-    convert.to_hf(config, tree, str(tmp_path / "out"), labels=TAGS)
+    hf.to_hf(config, tree, str(tmp_path / "out"), labels=TAGS)
     written_config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written_config["architectures"] == ["BertForTokenClassification"]
     assert written_config["id2label"] == {str(i): t for i, t in enumerate(TAGS)}
@@ -172,7 +174,7 @@ def test_token_classification_bad_trees_are_one_line(hf_tokens, tmp_path):
         (dict(bert=encoder, token_classifier={"kernel": np.zeros((48, 3))}), {}, "missing token_classifier/bias"),
     ]:
         with pytest.raises(ValueError, match=match) as e:
-            convert.to_hf(config, bad, str(tmp_path / "never"), **kwargs)
+            hf.to_hf(config, bad, str(tmp_path / "never"), **kwargs)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "never").exists()
 
@@ -191,23 +193,23 @@ def test_token_loss_hand_computed():
 
 
 def test_reader_skips_docstart_and_splits_on_blank_lines(conll_dir):
-    train = conll.read_conll(str(conll_dir / "train.txt"))
+    train = ner.read_conll(str(conll_dir / "train.txt"))
     assert [len(s.words) for s in train] == [8, 6, 5, 9]
     assert train[0].words[:2] == ("Nadim", "Ladki") and train[0].tags[:2] == ("I-PER", "I-PER")
     assert train[0].source == f"{conll_dir / 'train.txt'}:3" and train[2].source.endswith("train.txt:21")
     assert train[3].tags[2:4] == ("I-ORG", "B-ORG")
-    assert conll.label_list(train) == ("O", "B-ORG", "I-LOC", "I-MISC", "I-ORG", "I-PER")
-    assert conll.iob_scheme(train) == "IOB1"
-    test = conll.read_conll(str(conll_dir / "test.txt"))  # two columns, IOB2, no blank line at the end
+    assert ner.label_list(train) == ("O", "B-ORG", "I-LOC", "I-MISC", "I-ORG", "I-PER")
+    assert ner.iob_scheme(train) == "IOB1"
+    test = ner.read_conll(str(conll_dir / "test.txt"))  # two columns, IOB2, no blank line at the end
     assert [s.words for s in test] == [("Nadim", "Ladki", "visited", "Kuwait", "."),
                                        ("Zwingmann", "told", "Reuters", ".")]
-    assert conll.iob_scheme(test) == "IOB2"
+    assert ner.iob_scheme(test) == "IOB2"
 
 
 def test_first_sub_token_alignment_by_hand(conll_dir, tokenizer):
-    train = conll.read_conll(str(conll_dir / "train.txt"))
-    labels = conll.label_list(train)  # O 0, B-ORG 1, I-LOC 2, I-MISC 3, I-ORG 4, I-PER 5
-    feats = conll.convert_to_features(train[:1], tokenizer, labels, max_seq_length=20)
+    train = ner.read_conll(str(conll_dir / "train.txt"))
+    labels = ner.label_list(train)  # O 0, B-ORG 1, I-LOC 2, I-MISC 3, I-ORG 4, I-PER 5
+    feats = ner.convert_to_features(train[:1], tokenizer, labels, max_seq_length=20)
     tokens = tokenizer.convert_ids_to_tokens(feats["input_ids"][0])
     assert tokens == ["[CLS]", "nad", "##im", "lad", "##ki", "met", "werner", "z", "##wing", "##mann", "in",
                       "al", "-", "ain", ".", "[SEP]"] + ["[PAD]"] * 4
@@ -220,28 +222,28 @@ def test_first_sub_token_alignment_by_hand(conll_dir, tokenizer):
     assert feats["labels"].dtype == np.int32 and feats["label_weights"].dtype == np.float32
 
     # A tag never seen in training (IOB2's B-PER in test.txt): weight 0, still predicted per word.
-    test = conll.read_conll(str(conll_dir / "test.txt"))
-    feats = conll.convert_to_features(test, tokenizer, labels, max_seq_length=16)
+    test = ner.read_conll(str(conll_dir / "test.txt"))
+    feats = ner.convert_to_features(test, tokenizer, labels, max_seq_length=16)
     assert feats["label_weights"][0, 1] == 0 and feats["word_ids"][0, 1] == 0
     # (B-PER and B-LOC are unknown: label 0, "O")
-    assert conll.word_predictions(feats, feats["labels"], test, labels)[0] == ["O", "I-PER", "O", "O", "O"]
+    assert ner.word_predictions(feats, feats["labels"], test, labels)[0] == ["O", "I-PER", "O", "O", "O"]
 
 
 def test_long_sentences_are_split_between_words(conll_dir, tokenizer):
     """Sentence 1 has word pieces 2 2 1 1 3 1 3 1; with max_seq_length 8 (6 pieces a sequence) it becomes
     Nadim Ladki met Werner | Zwingmann in | AL-AIN ., and the predictions join back to one per word."""
-    train = conll.read_conll(str(conll_dir / "train.txt"))
-    labels = conll.label_list(train)
-    feats = conll.convert_to_features(train[:2], tokenizer, labels, max_seq_length=8)
+    train = ner.read_conll(str(conll_dir / "train.txt"))
+    labels = ner.label_list(train)
+    feats = ner.convert_to_features(train[:2], tokenizer, labels, max_seq_length=8)
     assert feats["sentence_ids"].tolist() == [0, 0, 0, 1, 1]
     words = [feats["word_ids"][r][feats["word_ids"][r] >= 0].tolist() for r in range(5)]
     assert words == [[0, 1, 2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5]]
     assert tokenizer.convert_ids_to_tokens(feats["input_ids"][1]) == ["[CLS]", "z", "##wing", "##mann", "in", "[SEP]",
                                                                       "[PAD]", "[PAD]"]
-    joined = conll.word_predictions(feats, feats["labels"], train[:2], labels)
+    joined = ner.word_predictions(feats, feats["labels"], train[:2], labels)
     assert joined == [list(s.tags) for s in train[:2]]
     # A word longer than a whole sequence keeps its first pieces (and its label, on the first).
-    feats = conll.convert_to_features(train[:1], tokenizer, labels, max_seq_length=4)
+    feats = ner.convert_to_features(train[:1], tokenizer, labels, max_seq_length=4)
     zwingmann = np.flatnonzero(feats["word_ids"].max(axis=1) == 4)[0]
     assert tokenizer.convert_ids_to_tokens(feats["input_ids"][zwingmann]) == ["[CLS]", "z", "##wing", "[SEP]"]
     # 2 pieces a sequence: Nadim | Ladki | met Werner | Zwingmann (cut) | in | AL-AIN | .
@@ -249,17 +251,17 @@ def test_long_sentences_are_split_between_words(conll_dir, tokenizer):
 
 
 def test_write_conll_is_conlleval_input(conll_dir, tmp_path):
-    test = conll.read_conll(str(conll_dir / "test.txt"))
+    test = ner.read_conll(str(conll_dir / "test.txt"))
     predicted = [["B-PER", "I-PER", "O", "O", "O"], ["B-PER", "O", "B-ORG", "O"]]
-    conll.write_conll(str(tmp_path / "out.txt"), test, predicted)
+    ner.write_conll(str(tmp_path / "out.txt"), test, predicted)
     assert (tmp_path / "out.txt").read_text() == (
         "Nadim B-PER B-PER\nLadki I-PER I-PER\nvisited O O\nKuwait B-LOC O\n. O O\n\n"
         "Zwingmann B-PER B-PER\ntold O O\nReuters B-ORG B-ORG\n. O O\n\n")
     # What conlleval reads back: the last two columns of each line.
-    back = conll.read_conll(str(tmp_path / "out.txt"))
+    back = ner.read_conll(str(tmp_path / "out.txt"))
     assert [s.tags for s in back] == [tuple(p) for p in predicted]
     with pytest.raises(ValueError, match="5 words but 4 predicted tags"):
-        conll.write_conll(str(tmp_path / "bad.txt"), test, [p[:4] for p in predicted])
+        ner.write_conll(str(tmp_path / "bad.txt"), test, [p[:4] for p in predicted])
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -305,14 +307,14 @@ def test_tfds_conll2003_on_mock_data():
         return examples
 
     with tfds.testing.mock_data(as_data_source_fn=data_source):
-        sentences = conll.read_conll_tfds("train")
+        sentences = ner.read_conll_tfds("train")
     assert [(s.words, s.tags) for s in sentences] == [
         (("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O")),
         (("Peter", "Blackburn"), ("B-PER", "I-PER"))]
     assert sentences[1].source == "TFDS conll2003 train example 1"
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(ValueError, match=r"^TFDS conll2003 dev example 0: \d+ tokens but \d+ ner tags$"):
-            conll.read_conll_tfds("dev")
+            ner.read_conll_tfds("dev")
 
 
 # ----------------------------------------------------------------------------- configs and the job
@@ -343,13 +345,13 @@ def test_ner_job_end_to_end_from_random_init(conll_dir, data_dir, tmp_path):
         for key in ("precision", "recall", "f1", "accuracy"):
             assert 0 <= metrics[f"{role}_{key}"] <= 100
     assert json.loads((tmp_path / "metrics.json").read_text())["dev_f1"] == metrics["dev_f1"]
-    dev = conll.read_conll(str(tmp_path / "dev_predictions.txt"))
+    dev = ner.read_conll(str(tmp_path / "dev_predictions.txt"))
     lines = (tmp_path / "dev_predictions.txt").read_text().splitlines()
     assert len(lines) == 6 + 1 + 5 + 1 and lines[0].startswith("Yeltsin I-PER ") and lines[6] == ""
     gold = [line.split()[1] for line in lines if line]
-    assert gold == [t for s in conll.read_conll(str(conll_dir / "valid.txt")) for t in s.tags]
+    assert gold == [t for s in ner.read_conll(str(conll_dir / "valid.txt")) for t in s.tags]
     predicted = [list(s.tags) for s in dev]  # the file's last column
-    scores = ner_task.compute_metrics([s.tags for s in conll.read_conll(str(conll_dir / "valid.txt"))], predicted)
+    scores = ner_task.compute_metrics([s.tags for s in ner.read_conll(str(conll_dir / "valid.txt"))], predicted)
     assert scores["f1"] == pytest.approx(metrics["dev_f1"])
     assert (tmp_path / "test_predictions.txt").read_text().startswith("Nadim B-PER ")
 
@@ -370,15 +372,15 @@ def test_bad_lines_are_one_line(tmp_path, text, match):
     bad = tmp_path / "bad.txt"
     bad.write_text(text)
     with pytest.raises(ValueError, match=match) as e:
-        conll.read_conll(str(bad))
+        ner.read_conll(str(bad))
     assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
 
 def test_missing_and_empty_files_are_one_line(conll_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="train.txt' does not exist"):
-        conll.read_conll(str(tmp_path / "train.txt"))
+        ner.read_conll(str(tmp_path / "train.txt"))
     (tmp_path / "train.txt").write_text("-DOCSTART- -X- -X- O\n\n")
-    assert conll.read_conll(str(tmp_path / "train.txt")) == []
+    assert ner.read_conll(str(tmp_path / "train.txt")) == []
     config = ner_config.get_config("tiny")
     config.vocab_file, config.data_dir = str(conll_dir / "train.txt"), str(tmp_path)
     with pytest.raises(ValueError, match="train.txt holds no sentences"):

@@ -78,3 +78,32 @@ def test_a_preinstalled_jax_inside_the_range_is_kept():
     for version in ("0.10.2", "0.11.2"):
         assert Version(version) in jax.specifier
     assert Version("0.9.2") not in jax.specifier and Version("0.12.0") not in jax.specifier
+
+
+def test_version_and_public_api():
+    """`bert_jax.__version__` is the installed package's version (setup.cfg reads it: one source), and the
+    public API resolves lazily: `import bert_jax` loads neither jax nor flax, each name then comes from its
+    module, and an unknown name is an AttributeError. In a fresh interpreter."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, bert_jax\n"
+             "print(bert_jax.__version__, 'jax' in sys.modules, 'flax' in sys.modules)\n"
+             "from bert_jax.model import bert_config, heads, modeling\n"
+             "from bert_jax.checkpoints import hf, tf1\n"
+             "from bert_jax.data import tokenization\n"
+             "homes = dict(BertConfig=bert_config, BertModel=modeling, BertForPreTraining=modeling, "
+             "BertForQuestionAnswering=heads, BertForSequenceClassification=heads, BertForMultipleChoice=heads, "
+             "BertForTokenClassification=heads, from_hf=hf, to_hf=hf, from_tf_checkpoint=tf1, "
+             "Tokenizer=tokenization)\n"
+             "assert sorted(homes) == sorted(n for n in bert_jax.__all__ if n != '__version__'), bert_jax.__all__\n"
+             "assert all(getattr(bert_jax, n) is getattr(m, n) for n, m in homes.items())\n"
+             "try:\n    bert_jax.BertTokenizer\nexcept AttributeError as e:\n    print('missing', e)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, missing = result.stdout.splitlines()[:2]
+    assert first == f"{importlib.metadata.version('bert_jax')} False False"
+    assert missing == "missing module 'bert_jax' has no attribute 'BertTokenizer'"
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    assert setup["metadata"]["version"] == "attr: bert_jax.__version__"

@@ -8,19 +8,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import losses, modeling, train
-from bert_jax.data import packing, pipeline, pretraining
+from bert_jax.training import pretraining
+from bert_jax.model import modeling
+from bert_jax.data.pretraining import loader, packing, procedure
 from bert_jax.configs import pretrain as pretrain_configs
 
 
 def _packed_batches(path, batch_size=8, **kw):
-    it = pipeline.make_pretraining_iterator(path, global_batch_size=batch_size, shuffle=False, num_epochs=1,
+    it = loader.make_pretraining_iterator(path, global_batch_size=batch_size, shuffle=False, num_epochs=1,
                                             process_index=0, process_count=1, packing=True, **kw)
     return list(it)
 
 
 def _unpack(batch):
-    """Packed batch -> its instances, each as the padded layout of `pretraining.decode_instance` (lengths
+    """Packed batch -> its instances, each as the padded layout of `procedure.decode_instance` (lengths
     L and the phase's P from the row's widths), in row order."""
     out = []
     length = batch["input_ids"].shape[1]
@@ -53,7 +54,7 @@ def test_packed_rows_hold_every_instance_unchanged(instances):
     most once, positions restarting at 0, with padding cut from 1 - (real tokens / all slots)."""
     path = str(instances / "p2")
     originals = collections.Counter()
-    for inst in pretraining.iterate_instances(path):
+    for inst in procedure.iterate_instances(path):
         n = int(inst["attention_mask"].sum())
         m = int(inst["masked_lm_weights"].sum())
         originals[_key({"input_ids": inst["input_ids"][:n], "token_type_ids": inst["token_type_ids"][:n],
@@ -71,7 +72,7 @@ def test_packed_rows_hold_every_instance_unchanged(instances):
     rows = sum(len(b["input_ids"]) for b in batches)
     assert total - sum(seen.values()) < 8 * packing.default_max_instances(128)  # only the dropped last batch
     assert rows < 0.9 * total  # rows hold several instances
-    unpacked = np.mean([packing.padding_fraction(b) for b in pipeline.make_pretraining_iterator(
+    unpacked = np.mean([packing.padding_fraction(b) for b in loader.make_pretraining_iterator(
         path, global_batch_size=8, shuffle=False, num_epochs=1, process_index=0, process_count=1)])
     packed = np.mean([packing.padding_fraction(b) for b in batches])
     assert packed < unpacked / 2
@@ -134,7 +135,7 @@ def test_packed_batch_gives_each_instance_its_unpacked_losses_and_gradients(inst
     np.testing.assert_allclose(packed_nsp, plain_nsp, rtol=1e-5, atol=1e-5)
 
     def loss(p, b):
-        return train.loss_and_metrics(p, b, jax.random.PRNGKey(1), model=model, deterministic=True)[0]
+        return pretraining.loss_and_metrics(p, b, jax.random.PRNGKey(1), model=model, deterministic=True)[0]
 
     loss_and_grads = jax.jit(jax.value_and_grad(loss))  # one program per layout, not op by op
     packed_loss, packed_grads = loss_and_grads(params, {k: jnp.asarray(v) for k, v in batch.items()})
@@ -149,18 +150,18 @@ def test_packed_iterator_resumes_the_same_rows(instances):
     window replayed); another packing window size is refused in one line."""
     path = str(instances / "p2")
     kw = dict(global_batch_size=8, seed=3, process_index=0, process_count=1, packing=True, num_packing_bins=16)
-    it = pipeline.make_pretraining_iterator(path, **kw)
+    it = loader.make_pretraining_iterator(path, **kw)
     for _ in range(3):
         next(it)
     state = it.get_state()
     expected = [next(it) for _ in range(4)]
-    resumed = pipeline.make_pretraining_iterator(path, **kw)
+    resumed = loader.make_pretraining_iterator(path, **kw)
     resumed.set_state(state)
     for want in expected:
         got = next(resumed)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-    other = pipeline.make_pretraining_iterator(path, **dict(kw, num_packing_bins=32))
+    other = loader.make_pretraining_iterator(path, **dict(kw, num_packing_bins=32))
     with pytest.raises(ValueError, match="num_packing_bins"):
         other.set_state(state)
 
@@ -171,7 +172,7 @@ def test_packed_iterator_resumes_the_same_rows(instances):
 def test_splash_attention_equals_the_reference_with_segment_ids():
     """The Pallas splash kernel (interpret mode on the CPU) against the model's attention formula with
     `AttentionMask.packed`, float32, three packed segments and padding: within 1e-5 at the real tokens."""
-    from bert_jax.kernels import splash
+    from bert_jax.model.kernels import splash
 
     b, n, h = 2, 2, 64
     for length in (128, 100):  # 100: padded to the kernel's block inside, cut off again
@@ -192,8 +193,8 @@ def test_splash_kernel_set_in_the_model_under_a_mesh(instances, monkeypatch):
     """kernels="splash" (interpret mode) in BertForPreTraining on a packed batch, jitted on a data=2 x
     tensor=2 mesh (the kernel under shard_map): same MLM and NSP logits as the reference set within 1e-5;
     with attention dropout on, a one-line error."""
-    from bert_jax import sharding
-    from bert_jax.kernels import splash
+    from bert_jax.training import sharding
+    from bert_jax.model.kernels import splash
 
     monkeypatch.setattr(splash, "KERNELS", splash.interpret_kernels())
     batch = _packed_batches(str(instances / "p2"), batch_size=4, num_packing_bins=16)[0]
@@ -238,5 +239,5 @@ def test_a_truncated_shard_is_a_one_line_error_naming_it(instances, tmp_path):
         f.truncate(shard.stat().st_size // 2)
     for packed in (False, True):
         with pytest.raises(ValueError, match=f"{shard.name}: not a readable ArrayRecord file"):
-            pipeline.make_pretraining_iterator(str(copy), global_batch_size=8, process_index=0, process_count=1,
+            loader.make_pretraining_iterator(str(copy), global_batch_size=8, process_index=0, process_count=1,
                                                packing=packed)

@@ -18,7 +18,8 @@ import transformers
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import convert, heads, modeling, weights
+from bert_jax.checkpoints import hf, weights
+from bert_jax.model import heads, modeling
 
 SMALL = dict(vocab_size=211, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
@@ -34,7 +35,7 @@ def _mrpc_pairs(data_dir, n):
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir):
-    config, params = convert.from_hf(str(minilm_dir))
+    config, params = hf.from_hf(str(minilm_dir))
     reference = transformers.BertModel.from_pretrained(str(minilm_dir)).eval()
     tokenizer = transformers.BertTokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
     return config, params, reference, tokenizer
@@ -65,7 +66,7 @@ def test_real_weights_match_transformers(minilm, data_dir, kernel_set):
 
 def test_real_weights_scanned_match_unscanned(minilm, minilm_dir, data_dir):
     config, params, _, tokenizer = minilm
-    cfg_scan, params_scan = convert.from_hf(str(minilm_dir), scan_layers=True)
+    cfg_scan, params_scan = hf.from_hf(str(minilm_dir), scan_layers=True)
     assert cfg_scan.scan_layers and "layers" in params_scan["bert"]["encoder"]
     first, second = _mrpc_pairs(data_dir, 4)
     batch = {k: jnp.asarray(v) for k, v in tokenizer(first, second, padding=True, return_tensors="np").items()}
@@ -102,7 +103,7 @@ def _pretraining_inputs(seed=0, batch=5, length=23, predictions=4):
 def test_pretraining_heads_match_transformers(hf_pretraining, caplog, kernel_set):
     model, path = hf_pretraining
     with caplog.at_level(logging.WARNING):
-        config, params = convert.from_hf(str(path), strict=True, kernels=kernel_set)
+        config, params = hf.from_hf(str(path), strict=True, kernels=kernel_set)
     assert config.kernels == kernel_set
     assert not caplog.records
     inputs, positions = _pretraining_inputs()
@@ -118,10 +119,10 @@ def test_pretraining_heads_match_transformers(hf_pretraining, caplog, kernel_set
 
 def test_to_hf_round_trip_is_bit_exact(hf_pretraining, tmp_path):
     model, path = hf_pretraining
-    config, params = convert.from_hf(str(path))
-    convert.to_hf(config, params, str(tmp_path / "out"))
+    config, params = hf.from_hf(str(path))
+    hf.to_hf(config, params, str(tmp_path / "out"))
     # Our tree -> HF -> our tree: bit-identical.
-    config2, params2 = convert.from_hf(str(tmp_path / "out"), strict=True)
+    config2, params2 = hf.from_hf(str(tmp_path / "out"), strict=True)
     assert config2 == config
     flat = lambda t: dict(traverse_util.flatten_dict(t, sep="/"))
     a, b = flat(params), flat(params2)
@@ -146,11 +147,11 @@ def test_to_hf_round_trip_is_bit_exact(hf_pretraining, tmp_path):
 def test_to_hf_from_scanned_and_bertmodel_trees(tmp_path):
     config = modeling.BertConfig(**SMALL, scan_layers=True)
     params = weights.init_params(config, seed=3)
-    convert.to_hf(config, params["bert"], str(tmp_path / "encoder"))
+    hf.to_hf(config, params["bert"], str(tmp_path / "encoder"))
     assert json.loads((tmp_path / "encoder" / "config.json").read_text())["architectures"] == ["BertModel"]
     loaded = transformers.BertModel.from_pretrained(str(tmp_path / "encoder"))
     assert loaded.config.num_hidden_layers == 3
-    _, back = convert.from_hf(str(tmp_path / "encoder"), scan_layers=True)
+    _, back = hf.from_hf(str(tmp_path / "encoder"), scan_layers=True)
     np.testing.assert_array_equal(back["bert"]["encoder"]["layers"]["attention"]["query_kernel"],
                                   params["bert"]["encoder"]["layers"]["attention"]["query_kernel"])
     assert not [p for p in os.listdir(tmp_path / "encoder") if ".tmp" in p]
@@ -162,13 +163,13 @@ def test_bertmodel_directory_reports_missing_heads_and_pytorch_bin(tmp_path, cap
     encoder.save_pretrained(tmp_path, safe_serialization=False)  # pytorch_model.bin, no `bert.` prefix
     assert (tmp_path / "pytorch_model.bin").is_file()
     with caplog.at_level(logging.WARNING):
-        config, params = convert.from_hf(str(tmp_path))
+        config, params = hf.from_hf(str(tmp_path))
     assert any("cls.seq_relationship.weight" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"],
                                   encoder.embeddings.word_embeddings.weight.detach().numpy())
     assert params["nsp"]["kernel"].shape == (48, 2)
     with pytest.raises(ValueError, match="strict load failed"):
-        convert.from_hf(str(tmp_path), strict=True)
+        hf.from_hf(str(tmp_path), strict=True)
 
 
 def _write_dir(path, config_values, tensors):
@@ -190,10 +191,10 @@ def test_unknown_tensors_are_reported(hf_pretraining, tmp_path, caplog):
     tensors["qa_outputs.weight"] = np.zeros((2, 48), np.float32)
     _write_dir(tmp_path, json.loads((path / "config.json").read_text()), tensors)
     with caplog.at_level(logging.WARNING):
-        convert.from_hf(str(tmp_path))
+        hf.from_hf(str(tmp_path))
     assert any("qa_outputs.weight" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="qa_outputs.weight") as e:
-        convert.from_hf(str(tmp_path), strict=True)
+        hf.from_hf(str(tmp_path), strict=True)
     _one_line(e)
 
 
@@ -204,19 +205,19 @@ def test_bad_inputs_give_one_line_errors(hf_pretraining, tmp_path):
 
     _write_dir(tmp_path / "gpt2", dict(good_config, model_type="gpt2"), tensors)
     with pytest.raises(ValueError, match=r"config\.json: model_type 'gpt2' is not a BERT model") as e:
-        convert.from_hf(str(tmp_path / "gpt2"))
+        hf.from_hf(str(tmp_path / "gpt2"))
     _one_line(e)
 
     _write_dir(tmp_path / "noweights", good_config, None)
     with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin") as e:
-        convert.from_hf(str(tmp_path / "noweights"))
+        hf.from_hf(str(tmp_path / "noweights"))
     _one_line(e)
 
     bad = dict(tensors)
     bad["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((95, 48), np.float32)
     _write_dir(tmp_path / "shape", good_config, bad)
     with pytest.raises(ValueError) as e:
-        convert.from_hf(str(tmp_path / "shape"))
+        hf.from_hf(str(tmp_path / "shape"))
     message = _one_line(e)
     assert "model.safetensors" in message and "encoder.layer.1.intermediate.dense.weight" in message
     assert "(95, 48)" in message
@@ -224,12 +225,12 @@ def test_bad_inputs_give_one_line_errors(hf_pretraining, tmp_path):
     missing = {k: v for k, v in tensors.items() if "layer.2.output.dense.bias" not in k}
     _write_dir(tmp_path / "missing", good_config, missing)
     with pytest.raises(ValueError, match=r"missing tensor encoder\.layer\.2\.output\.dense\.bias") as e:
-        convert.from_hf(str(tmp_path / "missing"))
+        hf.from_hf(str(tmp_path / "missing"))
     _one_line(e)
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json") as e:
-        convert.from_hf(str(tmp_path / "empty"))
+        hf.from_hf(str(tmp_path / "empty"))
     _one_line(e)
 
 
@@ -239,7 +240,7 @@ def test_bert_for_masked_lm_directory_without_pooler(tmp_path, caplog):
     mlm = transformers.BertForMaskedLM(transformers.BertConfig(**SMALL)).eval()
     mlm.save_pretrained(tmp_path)
     with caplog.at_level(logging.WARNING):
-        config, params = convert.from_hf(str(tmp_path))
+        config, params = hf.from_hf(str(tmp_path))
     assert any("pooler.dense.weight" in r.getMessage() for r in caplog.records)
     inputs, positions = _pretraining_inputs(seed=3)
     out = modeling.BertForPreTraining(config).apply(
@@ -291,7 +292,7 @@ def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, ca
     model = heads.BertForQuestionAnswering(config)
     params = _task_params(model, seed=4)
     assert "pooler" not in params["bert"]
-    convert.to_hf(config, params, str(tmp_path))
+    hf.to_hf(config, params, str(tmp_path))
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["architectures"] == ["BertForQuestionAnswering"]
     names = set(load_file(str(tmp_path / "model.safetensors")))
@@ -309,7 +310,7 @@ def test_to_hf_question_answering_matches_transformers(scan_layers, tmp_path, ca
 
     # from_hf reads the encoder back (bit for bit); the span head is reported, not loaded.
     with caplog.at_level(logging.WARNING):
-        _, back = convert.from_hf(str(tmp_path), scan_layers=scan_layers)
+        _, back = hf.from_hf(str(tmp_path), scan_layers=scan_layers)
     assert any("qa_outputs.weight" in r.getMessage() for r in caplog.records)
     ours_flat, back_flat = (traverse_util.flatten_dict(t, sep="/") for t in (params["bert"], back["bert"]))
     for k, v in ours_flat.items():
@@ -321,7 +322,7 @@ def test_to_hf_sequence_classification_matches_transformers(tmp_path):
     model = heads.BertForSequenceClassification(config, num_labels=3)
     params = _task_params(model, seed=6)
     labels = ("contradiction", "entailment", "neutral")
-    convert.to_hf(config, params, str(tmp_path), labels=labels)
+    hf.to_hf(config, params, str(tmp_path), labels=labels)
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["architectures"] == ["BertForSequenceClassification"]
     assert written["id2label"] == {"0": "contradiction", "1": "entailment", "2": "neutral"}
@@ -349,7 +350,7 @@ def test_to_hf_fine_tuned_real_weights_match_transformers(head, minilm, data_dir
     else:
         model, cls = heads.BertForSequenceClassification(config), transformers.BertForSequenceClassification
     params = dict(_task_params(model, seed=8, scale=0.05), bert=encoder)
-    convert.to_hf(config, params, str(tmp_path))
+    hf.to_hf(config, params, str(tmp_path))
     loaded = _load_hf(cls, tmp_path)
     ours, theirs = _run_both(model, params, loaded, inputs)
     if head == "qa":  # at real tokens, as the real-weights test: a padding position's logit is never read
@@ -384,11 +385,11 @@ def test_to_hf_bad_fine_tuned_trees_give_one_line_errors(tmp_path):
     ]
     for params, match in cases:
         with pytest.raises(ValueError, match=match) as e:
-            convert.to_hf(config, params, str(tmp_path / "out"))
+            hf.to_hf(config, params, str(tmp_path / "out"))
         _one_line(e)
     for params, labels, match in [(cls, ["a"], "not 2 distinct strings"), (cls, ["a", "a"], "not 2 distinct"),
                                   (qa, ["a", "b"], "given for a BertForQuestionAnswering tree")]:
         with pytest.raises(ValueError, match=match) as e:
-            convert.to_hf(config, params, str(tmp_path / "out"), labels=labels)
+            hf.to_hf(config, params, str(tmp_path / "out"), labels=labels)
         _one_line(e)
     assert not (tmp_path / "out").exists()  # nothing is written before the tree is checked

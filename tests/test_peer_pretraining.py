@@ -7,7 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import convert, losses, modeling, optim, train
+from bert_jax.checkpoints import hf
+from bert_jax.training import losses, optim, pretraining
+from bert_jax.model import modeling
 from bert_jax.configs import pretrain
 from conftest import ROOT
 
@@ -39,17 +41,17 @@ def test_peer_runs_bert_jax_phases_batches_schedule_and_eval(instances, tmp_path
     assert set(trains[0]) >= {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "num_predictions",
                               "grad_norm", "sequences_per_second", "tokens_per_second"}
     assert [r["step"] for r in records if r["prefix"] == "eval"] == [3, 6]
-    phases = train.resolve_phases(config)
+    phases = pretraining.resolve_phases(config)
     assert [(f["phase"], f["step"]) for f in summary["final"]] == [(0, phases[0].end), (1, phases[1].end)]
     tokens = 0
     for p in phases:  # bert_jax's own batches of each phase
-        it = train.iterator(p, config, None)
+        it = pretraining.iterator(p, config, None)
         tokens += sum(int(next(it)["attention_mask"].sum()) for _ in range(p.end - p.start))
         it.close()
     assert summary["steps"] == 6 and summary["sequences"] == 48 and summary["tokens"] == tokens
     assert summary["eval"]["step"] == 6 and 0.0 <= summary["eval"]["mlm_accuracy"] <= 1.0
     assert (tmp_path / "hf-3" / "vocab.txt").is_file() and not (tmp_path / "hf-99").exists()
-    convert.from_hf(str(tmp_path / "hf-3"), strict=True)
+    hf.from_hf(str(tmp_path / "hf-3"), strict=True)
 
 
 def test_peer_loss_is_bert_jax_loss_and_accumulation_is_one_batch(instances, tmp_path):
@@ -57,14 +59,14 @@ def test_peer_loss_is_bert_jax_loss_and_accumulation_is_one_batch(instances, tmp
 
     config = _config(instances)
     model = peer_pretraining.build_model(config).eval()  # dropout off: the two sides must agree
-    it = train.iterator(train.resolve_phases(config)[1], config, None)
+    it = pretraining.iterator(pretraining.resolve_phases(config)[1], config, None)
     local = next(it)
     it.close()
     batch = peer_pretraining.to_torch(local)
     with torch.no_grad():
         loss, metrics = peer_pretraining.batch_losses(model, batch, batch["masked_lm_weights"].sum().item(), 8.0)
     model.save_pretrained(str(tmp_path / "hf"))
-    bert_config, params = convert.from_hf(str(tmp_path / "hf"), strict=True)
+    bert_config, params = hf.from_hf(str(tmp_path / "hf"), strict=True)
     out = modeling.BertForPreTraining(bert_config).apply(
         {"params": params}, local["input_ids"], local["token_type_ids"], local["attention_mask"],
         local["masked_lm_positions"], deterministic=True)

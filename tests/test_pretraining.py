@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bert_jax.data import corpus
-from bert_jax.data import pretraining as pt
-from bert_jax.data import token_store
+from bert_jax.data.pretraining import procedure as pt
+from bert_jax.data.pretraining import token_store
 from conftest import ROOT
 
 # The original TF1 script on gutenberg-sentences.txt (max_seq_length 128, max_predictions_per_seq 20,
@@ -297,7 +297,7 @@ def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
     meta = pt.create_pretraining_data(iter(docs), tokenizer, str(tmp_path / "out"), dupe_factor=2, read_stats=stats)
     _check_layout(_load(tmp_path / "out"), tokenizer, 128, 20)
     assert meta["input_lines"] == len(docs)
-    from bert_jax.data import document_shards  # the same documents, tokenized once for dynamic instances
+    from bert_jax.data.pretraining import document_shards  # the same documents, tokenized once for dynamic instances
 
     docs_meta = document_shards.tokenize_documents(iter(docs), tokenizer, str(tmp_path / "docs"), num_shards=2)
     stored = document_shards.Documents(str(tmp_path / "docs"))

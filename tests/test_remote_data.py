@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bert_jax import storage, train
+from bert_jax import storage
+from bert_jax.training import pretraining
 from bert_jax.configs import pretrain
-from bert_jax.data import corpus, document_shards, pretraining, tokenization
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import document_shards, procedure
 
 
 @pytest.fixture
@@ -77,7 +79,7 @@ def test_tokenized_documents_at_a_uri_train_bit_for_bit_as_local_ones(s3, data_d
         config.phases[0].data_dir, config.phases[0].batch_size, config.phases[0].fraction = path, 8, 1.0
         config.total_steps, config.warmup_steps, config.checkpoint_every = 4, 2, 4
         config.mesh.num_devices = 1
-        train.train_and_evaluate(config, str(tmp_path / name))
+        pretraining.train_and_evaluate(config, str(tmp_path / name))
         finals.append(_params(tmp_path / name, 4))
     for k, v in finals[1].items():
         np.testing.assert_array_equal(finals[0][k], v, err_msg=k)
@@ -85,13 +87,13 @@ def test_tokenized_documents_at_a_uri_train_bit_for_bit_as_local_ones(s3, data_d
 
 def test_static_instances_at_a_uri_equal_local_ones(s3, data_dir, tmp_path):
     tok = tokenization.Tokenizer(str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"))
-    options = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+    options = procedure.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
     remote, local = f"{s3}/p1", tmp_path / "p1"
     for out in (remote, str(local)):
-        pretraining.create_pretraining_data(_documents(data_dir), tok, out, options=options, dupe_factor=2,
+        procedure.create_pretraining_data(_documents(data_dir), tok, out, options=options, dupe_factor=2,
                                             num_shards=3)
     _same_directory(remote, local)
-    assert sum(1 for _ in pretraining.iterate_instances(remote)) == storage.read_json(f"{remote}/metadata.json")[
+    assert sum(1 for _ in procedure.iterate_instances(remote)) == storage.read_json(f"{remote}/metadata.json")[
         "num_instances"]
 
 

@@ -9,7 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from bert_jax import storage, summaries, train
+from bert_jax import storage
+from bert_jax.training import pretraining, summaries
 from bert_jax.configs import pretrain
 
 
@@ -55,7 +56,7 @@ def test_pretraining_writes_a_workdir_through_the_object_store_branch(instances,
     config.total_steps, config.warmup_steps, config.checkpoint_every, config.log_every = 4, 1, 4, 2
     config.mesh.num_devices = 1
     workdir = tmp_path / "run"
-    train.train_and_evaluate(config, str(workdir))
+    pretraining.train_and_evaluate(config, str(workdir))
     assert any(c.endswith("/run") for c in calls)  # the workdir went through the URI branch
     records = summaries.read_metrics(str(workdir))
     assert [r["step"] for r in records] == [2, 4] and all(np.isfinite(r["loss"]) for r in records)

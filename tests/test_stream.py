@@ -1,4 +1,4 @@
-"""Packed and dynamic input resumed on another process count (`bert_jax.data.stream`)."""
+"""Packed and dynamic input resumed on another process count (`bert_jax.data.pretraining.stream`)."""
 
 import collections
 import json
@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, document_shards, dynamic, packing, pipeline, pretraining, stream, tokenization
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import document_shards, dynamic, loader, procedure, stream
 
 WINDOW = 64  # instances shuffled together (small: a few documents' worth)
 LENGTH, PREDICTIONS = 64, 10
@@ -46,7 +47,7 @@ def short_documents(data_dir, tmp_path_factory):
 
 
 def _iterators(path, count, stream_=None, packed=False):
-    return [pipeline.make_pretraining_iterator(
+    return [loader.make_pretraining_iterator(
         str(path), global_batch_size=8, seed=0, process_index=p, process_count=count, max_seq_length=LENGTH,
         max_predictions_per_seq=PREDICTIONS, packing=packed, num_packing_bins=4, fill_rows=False, stream=stream_)
         for p in range(count)]
@@ -76,14 +77,14 @@ def _drawn(path, epochs):
     """Each instance of epochs [0, epochs) (bytes as `_instances`) -> its (epoch, document), from the
     procedure itself: a draw depends only on (seed, epoch, document)."""
     meta = json.loads((path / "metadata.json").read_text())
-    draw = dynamic._DrawInstances(str(path), pretraining.InstanceOptions(max_seq_length=LENGTH,
+    draw = dynamic._DrawInstances(str(path), procedure.InstanceOptions(max_seq_length=LENGTH,
                                                                         max_predictions_per_seq=PREDICTIONS),
                                   seed=0, do_lower_case=True)
     owner = {}
     for e in range(epochs):
         for d in range(meta["num_documents"]):
             for record in draw.map((e, d)):
-                row = pretraining.decode_instance(record, LENGTH, PREDICTIONS)
+                row = procedure.decode_instance(record, LENGTH, PREDICTIONS)
                 owner[row["input_ids"].tobytes() + row["masked_lm_positions"].tobytes()] = (e, d)
     by_document = collections.Counter(owner.values())
     return owner, by_document, meta["num_documents"]
@@ -136,16 +137,16 @@ def test_static_packed_instances_resume_on_another_count(instances):
     kw = dict(global_batch_size=4, seed=0, max_seq_length=64, max_predictions_per_seq=10, packing=True,
               num_packing_bins=4)
     meta = json.loads((path / "metadata.json").read_text())
-    before = [pipeline.make_pretraining_iterator(str(path), process_index=p, process_count=2, **kw) for p in range(2)]
+    before = [loader.make_pretraining_iterator(str(path), process_index=p, process_count=2, **kw) for p in range(2)]
     for _ in range(3):
         for it in before:
             next(it)
     order = stream.Stream().after([it.get_state()["grain"] for it in before])
     left = order.remaining_in_epoch(meta["num_instances"])
     assert left[0] == 0 and 0 < left[1] < meta["num_instances"]
-    one = pipeline.make_pretraining_iterator(str(path), process_index=0, process_count=1, stream=order, **kw)
+    one = loader.make_pretraining_iterator(str(path), process_index=0, process_count=1, stream=order, **kw)
     batch = next(one)
     assert batch["input_ids"].shape == (4, 64) and batch["segment_ids"].max() >= 1
     with pytest.raises(ValueError, match="stream= applies to packed or dynamic input"):
-        pipeline.make_pretraining_iterator(str(path), process_index=0, process_count=1, stream=order,
+        loader.make_pretraining_iterator(str(path), process_index=0, process_count=1, stream=order,
                                            **dict(kw, packing=False))

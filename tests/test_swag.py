@@ -17,7 +17,9 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import convert, heads, losses, modeling
+from bert_jax.checkpoints import hf
+from bert_jax.model import heads
+from bert_jax.training import losses
 from bert_jax.data import swag
 from bert_jax.data.tokenization import Tokenizer
 from bert_jax.tasks import swag as swag_task
@@ -125,8 +127,8 @@ def hf_mc(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf_mc")
     reference = _hf_multiple_choice(0)
     reference.save_pretrained(path)
-    with _warnings("bert_jax.weights") as reports:
-        config, params = convert.from_hf(str(path))
+    with _warnings("bert_jax.checkpoints.weights") as reports:
+        config, params = hf.from_hf(str(path))
     return reference, path, config, params, reports
 
 
@@ -159,7 +161,7 @@ def test_multiple_choice_head_matches_transformers_both_ways(hf_mc, tmp_path):
     total, count = losses.classification_loss(jnp.asarray(ours), jnp.asarray(labels))
     assert float(total / count) == pytest.approx(float(theirs.loss), rel=1e-5)
 
-    convert.to_hf(config, tree, str(tmp_path / "out"))
+    hf.to_hf(config, tree, str(tmp_path / "out"))
     assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["BertForMultipleChoice"]
     original, written = (load_file(str(d / "model.safetensors")) for d in (path, tmp_path / "out"))
     assert set(written) == set(original) and written["classifier.weight"].shape == (1, 48)
@@ -189,7 +191,7 @@ def test_multiple_choice_bad_directories_and_trees_are_one_line(hf_mc, tmp_path)
         (tmp_path / name / "config.json").write_text(json.dumps(hf_config))
         save_file(bad, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
         with pytest.raises(ValueError, match=match) as e:
-            convert.from_hf(str(tmp_path / name))
+            hf.from_hf(str(tmp_path / name))
         assert "\n" not in str(e.value) and "model.safetensors" in str(e.value)
 
     tree = {"bert": params["bert"], "choice_classifier": params["choice_classifier"]}
@@ -202,7 +204,7 @@ def test_multiple_choice_bad_directories_and_trees_are_one_line(hf_mc, tmp_path)
         (params, {}, r"not part of a BERT model \(BertForMultipleChoice\).*mlm_LayerNorm"),
     ]:
         with pytest.raises(ValueError, match=match) as e:
-            convert.to_hf(config, bad, str(tmp_path / "never"), **kwargs)
+            hf.to_hf(config, bad, str(tmp_path / "never"), **kwargs)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "never").exists()
     with pytest.raises(ValueError, match=r"input_ids must be \[batch, choices, length\], got shape \(2,\)"):

@@ -1,4 +1,4 @@
-"""Google's original TensorFlow checkpoints (google-research/bert) in: `tf_checkpoint.from_tf_checkpoint` against
+"""Google's original TensorFlow checkpoints (google-research/bert) in: `tf1.from_tf_checkpoint` against
 transformers' own reader (`load_tf_weights_in_bert`), fine-tuning from such a directory, one-line errors.
 
 The checkpoints are written here with TensorFlow's v1 Saver under the original's variable names, spelled
@@ -19,7 +19,9 @@ import torch
 import transformers
 from flax import traverse_util
 
-from bert_jax import heads, initialisation, modeling, sharding, tf_checkpoint, weights
+from bert_jax.model import heads, modeling
+from bert_jax.checkpoints import sources, tf1, weights
+from bert_jax.training import sharding
 from bert_jax.tasks import finetune, job
 from bert_jax.configs import glue as glue_config
 
@@ -125,7 +127,7 @@ def test_tf_checkpoint_matches_transformers_reader(google, caplog):
     sequence output; every variable is used (strict), the optimizer slots skipped without a report."""
     source, variables, directory = google
     with caplog.at_level(logging.WARNING):
-        config, params = tf_checkpoint.from_tf_checkpoint(str(directory), strict=True)
+        config, params = tf1.from_tf_checkpoint(str(directory), strict=True)
     assert not caplog.records
     assert config.to_dict() == dict(BERT_CONFIG, layer_norm_eps=1e-12)
     assert config.hidden_act == "gelu"  # as bert_config.json says, and as transformers reads it
@@ -153,7 +155,7 @@ def test_tf_checkpoint_matches_transformers_reader(google, caplog):
                                   variables["bert/encoder/layer_1/attention/self/query/kernel"])
     np.testing.assert_array_equal(params["nsp"]["kernel"], variables["cls/seq_relationship/output_weights"].T)
     # The prefix form (as the original's --init_checkpoint) and scanned layers read the same values.
-    _, scanned = tf_checkpoint.from_tf_checkpoint(str(directory / "bert_model.ckpt"), scan_layers=True)
+    _, scanned = tf1.from_tf_checkpoint(str(directory / "bert_model.ckpt"), scan_layers=True)
     stacked = _flat(weights.stack_layers(params, 3))
     assert stacked.keys() == _flat(scanned).keys()
     for k, v in _flat(scanned).items():
@@ -164,15 +166,15 @@ def test_finetuning_starts_from_a_google_directory(google):
     """init_checkpoint = the directory (or its bert_model.ckpt prefix): the encoder is the checkpoint's,
     the classifier fresh, vocab.txt the default vocabulary."""
     _, variables, directory = google
-    _, params = tf_checkpoint.from_tf_checkpoint(str(directory))
+    _, params = tf1.from_tf_checkpoint(str(directory))
     inits = {}
     for path in (directory, directory / "bert_model.ckpt"):
         config = glue_config.get_config("mrpc")
         config.init_checkpoint, config.vocab_file = str(path), ""
-        inits[path] = init = initialisation.resolve(config.init_checkpoint, config.model)
+        inits[path] = init = sources.resolve(config.init_checkpoint, config.model)
         assert init.config.hidden_size == 48 and init.config.num_hidden_layers == 3
         assert init.config.hidden_dropout_prob == config.model.hidden_dropout_prob  # the job's, as for HF
-        assert initialisation.vocabulary(init, config.vocab_file, None)[0] == str(directory / "vocab.txt")
+        assert sources.vocabulary(init, config.vocab_file, None)[0] == str(directory / "vocab.txt")
         assert job.load_tokenizer(config, init).vocab_size == len(VOCAB)
     for k, v in _flat(inits[directory].params["bert"]).items():
         np.testing.assert_array_equal(_flat(inits[directory / "bert_model.ckpt"].params["bert"])[k], v, err_msg=k)
@@ -199,7 +201,7 @@ def test_bad_checkpoints_give_one_line_errors(google, tmp_path, caplog, monkeypa
     shutil.copytree(directory, tmp_path / "config")
     (tmp_path / "config" / "bert_config.json").write_text(json.dumps(dict(BERT_CONFIG, intermediate_size=100)))
     with pytest.raises(ValueError) as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "config"))
+        tf1.from_tf_checkpoint(str(tmp_path / "config"))
     message = _one_line(e)
     assert "bert/encoder/layer_0/intermediate/dense/kernel" in message and "bert_config.json" in message
     assert "(48, 96)" in message and "(48, 100)" in message
@@ -209,58 +211,58 @@ def test_bad_checkpoints_give_one_line_errors(google, tmp_path, caplog, monkeypa
     _write_checkpoint(tmp_path / "shape", bad, optimizer=False)
     with pytest.raises(ValueError, match=r"variable cls/seq_relationship/output_weights has shape \(48, 2\).*"
                                          r"gives \(2, 48\)") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "shape"))
+        tf1.from_tf_checkpoint(str(tmp_path / "shape"))
     _one_line(e)
 
     # A missing encoder variable.
     missing = {k: v for k, v in variables.items() if k != "bert/encoder/layer_2/output/dense/bias"}
     _write_checkpoint(tmp_path / "missing", missing, optimizer=False)
     with pytest.raises(ValueError, match=r"bert_model\.ckpt: missing variable bert/encoder/layer_2/output/dense/bias"):
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "missing"))
+        tf1.from_tf_checkpoint(str(tmp_path / "missing"))
 
     # A fine-tuned classifier's checkpoint (run_classifier.py): NSP head absent, output_weights unknown.
     classifier = {k: v for k, v in variables.items() if not k.startswith("cls/seq_relationship/")}
     classifier.update(output_weights=np.zeros((3, 48), np.float32), output_bias=np.zeros(3, np.float32))
     _write_checkpoint(tmp_path / "classifier", classifier)
     with caplog.at_level(logging.WARNING):
-        _, params = tf_checkpoint.from_tf_checkpoint(str(tmp_path / "classifier"))
+        _, params = tf1.from_tf_checkpoint(str(tmp_path / "classifier"))
     reports = " ".join(r.getMessage() for r in caplog.records)
     assert "cls/seq_relationship/output_weights" in reports and "'output_weights'" in reports
     assert "adam_m" not in reports and "global_step" not in reports
     assert params["nsp"]["kernel"].shape == (48, 2)
     with pytest.raises(ValueError, match="strict load failed") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "classifier"), strict=True)
+        tf1.from_tf_checkpoint(str(tmp_path / "classifier"), strict=True)
     assert "output_bias" in _one_line(e)
 
     # No bert_config.json; no checkpoint; an unreadable checkpoint.
     shutil.copytree(directory, tmp_path / "noconfig")
     (tmp_path / "noconfig" / "bert_config.json").unlink()
     with pytest.raises(FileNotFoundError, match="bert_config.json") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "noconfig"))
+        tf1.from_tf_checkpoint(str(tmp_path / "noconfig"))
     _one_line(e)
     with pytest.raises(FileNotFoundError, match="no TensorFlow checkpoint") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path))
+        tf1.from_tf_checkpoint(str(tmp_path))
     _one_line(e)
     shutil.copytree(directory, tmp_path / "corrupt")
     (tmp_path / "corrupt" / "bert_model.ckpt.index").write_bytes(b"not a checkpoint index")
     with pytest.raises(ValueError, match="cannot read the TensorFlow checkpoint") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "corrupt"))
+        tf1.from_tf_checkpoint(str(tmp_path / "corrupt"))
     _one_line(e)
     shutil.copy(directory / "bert_model.ckpt.index", tmp_path / "corrupt")
     (tmp_path / "corrupt" / "bert_model.ckpt.data-00000-of-00001").write_bytes(b"truncated")
     with pytest.raises(ValueError, match="cannot read variable bert/embeddings/word_embeddings") as e:
-        tf_checkpoint.from_tf_checkpoint(str(tmp_path / "corrupt"))
+        tf1.from_tf_checkpoint(str(tmp_path / "corrupt"))
     _one_line(e)
     config = glue_config.get_config("mrpc")
     config.init_checkpoint = str(tmp_path / "missing")
     with pytest.raises(ValueError, match="missing variable"):
-        initialisation.resolve(config.init_checkpoint, config.model)
+        sources.resolve(config.init_checkpoint, config.model)
 
     # TensorFlow not installed: one line naming the extra, from the converter and from fine-tuning.
     monkeypatch.setitem(sys.modules, "tensorflow", None)
     with pytest.raises(ImportError, match=r"bert_jax\[tf\]") as e:
-        tf_checkpoint.from_tf_checkpoint(str(directory))
+        tf1.from_tf_checkpoint(str(directory))
     _one_line(e)
     config.init_checkpoint = str(directory)
     with pytest.raises(ImportError, match=r"tf extra"):
-        initialisation.resolve(config.init_checkpoint, config.model)
+        sources.resolve(config.init_checkpoint, config.model)

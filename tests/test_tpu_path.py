@@ -1,5 +1,5 @@
 """The TPU path as the guides give it (README.md's quick path, docs/tpu-pods.md): the `bert_jax.aot` check compiles
-the program the launch command trains (same --config and --config.* overrides, the same `train.build` program), the
+the program the launch command trains (same --config and --config.* overrides, the same `pretraining.build` program), the
 launcher picks the TPU VM image for the slice and names it as bert_jax.aot does, `--no_create` refuses a slice that
 is gone, and every documented command reads the same in bash and zsh."""
 
@@ -59,7 +59,7 @@ def flag(args: list[str], name: str) -> str:
 
 def tpu_path(page: str) -> tuple[list[str], list[str]]:
     """(aot argv, launcher argv) of `page`'s TPU path: its launch command and the aot command for the same slice."""
-    from bert_jax import aot
+    from bert_jax.training import aot
 
     commands = documented_commands(page)
     launches = [c for c in commands if c[0] == "launch/tpu_vm_pod.sh" and "--" in c]
@@ -138,13 +138,15 @@ _PARSE = r"""
 import dataclasses, hashlib, json, sys
 import jax
 from absl import flags
-from bert_jax import aot, checkpointing, configs, initialisation, sharding, train
+from bert_jax import configs
+from bert_jax.checkpoints import checkpointing, sources
+from bert_jax.training import aot, pretraining, sharding
 side, workdir, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 
-def lower(program, mesh, phase):  # as aot.lower_phase lowers train.build's step
+def lower(program, mesh, phase):  # as aot.lower_phase lowers pretraining.build's step
     state = checkpointing.abstract_like(program.abstract, program.shardings)
     batch = {k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(mesh, len(s)))
-             for k, (s, d) in train.batch_shapes(phase).items()}
+             for k, (s, d) in pretraining.batch_shapes(phase).items()}
     with jax.set_mesh(mesh):
         return program.train_step.lower(state, batch)
 
@@ -153,23 +155,23 @@ if side == "aot":
     aot.define_flags()
     flags.FLAGS(["aot"] + argv)
     config = flags.FLAGS.config
-    phases = train.resolve_phases(config)
+    phases = pretraining.resolve_phases(config)
     texts = [aot.lower_phase(config, jax.devices(), p)[0].as_text() for p in phases]
 else:  # train's own path to its program (train_and_evaluate up to the first step): no data, nothing run
-    train._define_flags()
+    pretraining._define_flags()
     flags.FLAGS(["train", "--workdir", workdir] + argv)
     built = {}
-    train.validate = lambda config, mesh, **kw: train.resolve_phases(config)  # the data checks only
-    initialisation.data_vocabulary = lambda config, init: (None, True)
-    initialisation.write_run_files = lambda *a, **kw: None
+    pretraining.validate = lambda config, mesh, **kw: pretraining.resolve_phases(config)  # the data checks only
+    sources.data_vocabulary = lambda config, init: (None, True)
+    sources.write_run_files = lambda *a, **kw: None
     class Captured(Exception):
         pass
     def capture(config, workdir, mesh, phases, program, *a):
         built.update(config=config, mesh=mesh, phases=phases, program=program)
         raise Captured
-    train._Run = capture
+    pretraining._Run = capture
     try:
-        train.train_and_evaluate(configs.mark_explicit_model_fields(flags.FLAGS.config), workdir)
+        pretraining.train_and_evaluate(configs.mark_explicit_model_fields(flags.FLAGS.config), workdir)
     except Captured:
         pass
     config, phases = built["config"], built["phases"]
@@ -234,7 +236,7 @@ def test_aot_takes_the_launchers_accelerator_type():
 
 
 def test_one_mapping_from_gcloud_names_to_topologies():
-    from bert_jax import aot
+    from bert_jax.training import aot
 
     assert {t: aot.topology_for(t) for t in ("v3-32", "v4-32", "v5litepod-16", "v5litepod-64", "v5p-32", "v6e-16",
                                              "v5e-16")} == {

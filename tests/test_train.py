@@ -17,8 +17,11 @@ import pytest
 import flax.linen as nn
 from flax import traverse_util
 
-from bert_jax import checkpointing, engine, flops, optim, sharding, summaries, train
-from bert_jax.data import corpus, pretraining, tokenization
+from bert_jax.checkpoints import checkpointing
+from bert_jax.training import optim, pretraining, sharding, steps, summaries
+from bert_jax.model import flops
+from bert_jax.data import corpus, tokenization
+from bert_jax.data.pretraining import procedure
 from bert_jax.configs import pretrain
 from conftest import ROOT, SMALL_VOCAB_SIZE, optimized, xla_flags
 
@@ -53,16 +56,16 @@ def _config(instances, **overrides):
 
 
 def _run_steps(config, mesh, num_steps):
-    model = train.create_model(config)
-    tx, schedule = engine.create_optimizer(config)
-    state, shardings = train.create_train_state(model, tx, mesh, config.seed)
-    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings)
-    phase = train.resolve_phases(config)[0]
-    it = train.iterator(phase, config, None)
+    model = pretraining.create_model(config)
+    tx, schedule = steps.create_optimizer(config)
+    state, shardings = pretraining.create_train_state(model, tx, mesh, config.seed)
+    step_fn, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings)
+    phase = pretraining.resolve_phases(config)[0]
+    it = pretraining.iterator(phase, config, None)
     losses = []
     with jax.set_mesh(mesh):
         for _ in range(num_steps):
-            state, metrics = step_fn(state, train.global_batch(next(it), mesh))
+            state, metrics = step_fn(state, pretraining.global_batch(next(it), mesh))
             losses.append(float(metrics["loss"]))
     return state, shardings, np.array(losses)
 
@@ -148,9 +151,9 @@ def _assert_layout_by_hand(tree):
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)], ids=["data8", "2x2x2", "tensor8"])
 def test_rules_table_gives_the_hand_written_layout(shape, instances):
     config = _config(instances)
-    model = train.create_model(config)
-    tx, _ = engine.create_optimizer(config)
-    _, shardings = engine.state_shardings(train.state_init(model, tx, 0), sharding.make_mesh(*shape))
+    model = pretraining.create_model(config)
+    tx, _ = steps.create_optimizer(config)
+    _, shardings = steps.state_shardings(pretraining.state_init(model, tx, 0), sharding.make_mesh(*shape))
     _assert_layout_by_hand(shardings)
 
 
@@ -159,7 +162,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
 
     def error(config, kind=ValueError):
         with pytest.raises(kind) as info:
-            train.validate(config, mesh)
+            pretraining.validate(config, mesh)
         message = str(info.value)
         assert "\n" not in message
         return message
@@ -199,7 +202,7 @@ def test_config_errors_before_compiling(instances, tmp_path):
     bad = _config(instances)
     bad.mesh.num_devices = 9
     with pytest.raises(ValueError, match=r"^config.mesh.num_devices=9 is not in \[0, 8\] \(0: every device\)$"):
-        engine.make_mesh(bad.mesh)
+        steps.make_mesh(bad.mesh)
     # Two pretend hosts of 4 devices: data=8 gives each 4 of 8 rows; tensor=8 would give both all 8.
     two_hosts = lambda d: d.id // 4  # noqa: E731
     assert sharding.rows_per_process(mesh, 8, two_hosts) == {0: 4, 1: 4}
@@ -211,8 +214,8 @@ def test_config_errors_before_compiling(instances, tmp_path):
         sharding.make_mesh(4, 4, 1)
     config = _config(instances)
     config.model.vocab_size = SMALL_VOCAB_SIZE + 1
-    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
-    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), sharding.make_mesh(1, 1, 8))
+    model, (tx, _) = pretraining.create_model(config), steps.create_optimizer(config)
+    abstract, shardings = steps.state_shardings(pretraining.state_init(model, tx, 0), sharding.make_mesh(1, 1, 8))
     with pytest.raises(ValueError, match=r"word_embeddings.*cannot be split 8 ways"):
         sharding.check_divisible(abstract, shardings)
 
@@ -271,9 +274,9 @@ def test_weight_decay_spares_layernorm_and_biases_of_the_real_model(instances):
     import jax.numpy as jnp
 
     config = _config(instances, warmup_steps=0, weight_decay=0.01, learning_rate=1e-3)
-    model = train.create_model(config)
-    tx, _ = engine.create_optimizer(config)
-    params = jax.jit(lambda: nn.unbox(train.state_init(model, tx, 0)()).params)()
+    model = pretraining.create_model(config)
+    tx, _ = steps.create_optimizer(config)
+    params = jax.jit(lambda: nn.unbox(pretraining.state_init(model, tx, 0)()).params)()
     params = jax.tree_util.tree_map(lambda p: p + 1.0, params)  # biases and LayerNorm betas start at 0
     updates, _ = jax.jit(lambda p: tx.update(jax.tree_util.tree_map(jnp.zeros_like, p), tx.init(p), p))(params)
     flat_p, flat_u = (traverse_util.flatten_dict(t, sep="/") for t in (params, updates))
@@ -418,11 +421,11 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
     workdir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if re.fullmatch(r"uninterrupted\d+", p.name))
     config = pretrain.get_config("tiny")  # what the subprocess ran
     config.model.vocab_size = SMALL_VOCAB_SIZE
-    model, (tx, _) = train.create_model(config), engine.create_optimizer(config)
+    model, (tx, _) = pretraining.create_model(config), steps.create_optimizer(config)
     mesh = sharding.make_mesh(2, 2, 2)
-    abstract, shardings = engine.state_shardings(train.state_init(model, tx, 0), mesh)
-    checkpointer = train.checkpointing.Checkpointer(str(workdir / "checkpoints"))
-    state, data = checkpointer.restore(16, train.checkpointing.abstract_like(abstract, shardings))
+    abstract, shardings = steps.state_shardings(pretraining.state_init(model, tx, 0), mesh)
+    checkpointer = pretraining.checkpointing.Checkpointer(str(workdir / "checkpoints"))
+    state, data = checkpointer.restore(16, pretraining.checkpointing.abstract_like(abstract, shardings))
     checkpointer.close()
     assert data["phase"] == 1 and int(state.step) == 16
     word = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -436,11 +439,11 @@ def test_checkpoint_restores_onto_another_mesh(instances, uninterrupted, tmp_pat
 def test_non_finite_loss_stops_with_the_step_and_keeps_checkpoints(instances, tmp_path):
     config = _config(instances, checkpoint_every=2, log_every=100, keep_checkpoints=1)
     config.mesh.num_devices = 1
-    train.train_and_evaluate(config, str(tmp_path), max_steps=4)
+    pretraining.train_and_evaluate(config, str(tmp_path), max_steps=4)
     assert _steps(tmp_path) == [4]  # keep_checkpoints=1 removed the one at step 2
     config.learning_rate = 1e12  # diverges at once when resumed
     with pytest.raises(FloatingPointError) as info:
-        train.train_and_evaluate(config, str(tmp_path))
+        pretraining.train_and_evaluate(config, str(tmp_path))
     step = int(re.fullmatch(r"non-finite loss \S+ \(gradient norm \S+\) at step (\d+); the last checkpoint is kept",
                             str(info.value)).group(1))
     assert step in (4, 5)  # the resumed run's first or second step
@@ -468,7 +471,7 @@ def _no_learning_baselines(train_dir, eval_batches, vocab_size):
     context-blind model learns), the accuracy of always naming the targets' own most frequent token, the entropy
     of the labels' own NotNext rate (the loss of a label-blind model that knew it) and the majority label's
     accuracy. Counted here, not by the library (`masked_token_log_prior` also starts the MLM bias)."""
-    instances = list(pretraining.iterate_instances(train_dir))
+    instances = list(procedure.iterate_instances(train_dir))
     counts = 1.0 + np.bincount(np.concatenate([i["masked_lm_ids"] for i in instances]), minlength=vocab_size,
                                weights=np.concatenate([i["masked_lm_weights"] for i in instances]))
     log_q = np.log(counts / counts.sum())
@@ -495,7 +498,8 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     one-sentence chunk always gets a random next segment, and at length 64 many Gutenberg chunks are one
     sentence: about 60% NotNext), and 100 steps make the head better calibrated than the prior (the loss) before
     they make it right more often; that takes about 2,000 steps (`benchmarks/nsp_learning.py`)."""
-    from bert_jax.data import pipeline, vocab
+    from bert_jax.data.pretraining import loader
+    from bert_jax.data import vocab
 
     vocab.train_vocab([str(data_dir / "corpus" / "gutenberg-sentences.txt")], GUTENBERG_VOCAB_SIZE,
                       str(tmp_path / "vocab.txt"), max_sentences=GUTENBERG_VOCAB_LINES)
@@ -503,10 +507,10 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     books = list(corpus.read_sentence_documents([str(data_dir / "corpus" / "gutenberg-sentences.txt")],
                                                 corpus.ReadStats()))
     assert len(books) >= 10
-    options = pretraining.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
+    options = procedure.InstanceOptions(max_seq_length=64, max_predictions_per_seq=10)
     # five books to train on (more instances than the run's 3,200), the last two held out
     for name, part in (("p1", books[:5]), ("eval", books[-2:])):
-        pretraining.create_pretraining_data(part, tok, str(tmp_path / name), options=options, dupe_factor=1,
+        procedure.create_pretraining_data(part, tok, str(tmp_path / name), options=options, dupe_factor=1,
                                             num_shards=1)
     config = pretrain.get_config("tiny")
     config.phases = [pretrain.phase(64, 10, 1.0, str(tmp_path / "p1"), 32)]
@@ -517,20 +521,20 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     config.eval_data_dir, config.eval_every, config.eval_batches = str(tmp_path / "eval"), 50, 16
     config.peak_tflops_per_device = 2.0  # a CPU has no published peak: MFU only with one given
     history = []
-    original_write, original_evaluate = summaries.write_scalars, train._evaluate
+    original_write, original_evaluate = summaries.write_scalars, pretraining._evaluate
     summaries.write_scalars = lambda writer, step, values, prefix: (history.append((step, prefix, values)),
                                                                     original_write(writer, step, values, prefix))
     # A slow evaluation (2 s, more than a 10-step window here) must not show in the throughput.
-    train._evaluate = lambda *args: (time.sleep(2), original_evaluate(*args))[1]
+    pretraining._evaluate = lambda *args: (time.sleep(2), original_evaluate(*args))[1]
     try:
-        final = train.train_and_evaluate(config, str(tmp_path / "run"))
+        final = pretraining.train_and_evaluate(config, str(tmp_path / "run"))
     finally:
-        summaries.write_scalars, train._evaluate = original_write, original_evaluate
+        summaries.write_scalars, pretraining._evaluate = original_write, original_evaluate
     evals = [v for step, prefix, v in history if prefix == "eval"]
     train_logs = [v for step, prefix, v in history if prefix == "train"]
     assert len(evals) == 2  # eval_step at steps 50 and 100
-    # the batches the evaluation read (`train._evaluate`: in order, eval_batches of the phase's batch size)
-    eval_batches = [b for b, _ in zip(pipeline.make_pretraining_iterator(
+    # the batches the evaluation read (`pretraining._evaluate`: in order, eval_batches of the phase's batch size)
+    eval_batches = [b for b, _ in zip(loader.make_pretraining_iterator(
         str(tmp_path / "eval"), global_batch_size=32, shuffle=False, num_epochs=1), range(16))]
     base = _no_learning_baselines(tmp_path / "p1", eval_batches, GUTENBERG_VOCAB_SIZE)
     assert base["labels"] == 16 * 32 and base["targets"] == evals[1]["num_predictions"]
@@ -551,7 +555,7 @@ def test_learns_on_real_gutenberg_data(data_dir, tmp_path, optimized_programs):
     rates = {step: v["sequences_per_second"] for step, prefix, v in history if prefix == "train"}
     typical = np.median(list(rates.values()))
     assert rates[60] > 0.6 * typical, (rates[60], typical)  # the window after the evaluation at step 50
-    step_flops = 3 * 32 * flops.forward_flops_per_sequence(train.create_model(config).config, 64, 10)
+    step_flops = 3 * 32 * flops.forward_flops_per_sequence(pretraining.create_model(config).config, 64, 10)
     assert last["mfu"] == pytest.approx(step_flops * last["sequences_per_second"] / 32 / 2e12, rel=1e-6)
     assert list((tmp_path / "run" / "tensorboard").iterdir())  # event files written
 
@@ -561,7 +565,7 @@ def test_evaluation_pools_predictions_over_batches(instances):
     stand-in eval step whose "loss" is the mean masked_lm_id (MLM) or label (NSP) of its batch, against
     the same means over every evaluated instance read directly."""
     config = _config(instances, eval_data_dir=str(instances / "p1"), eval_batches=3)
-    phase = train.resolve_phases(config)[0]
+    phase = pretraining.resolve_phases(config)[0]
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
     def fake_eval(params, batch):
@@ -571,8 +575,8 @@ def test_evaluation_pools_predictions_over_batches(instances):
                 "nsp_loss": labels.mean(), "nsp_accuracy": labels.mean(), "num_predictions": w.sum()}
 
     with jax.set_mesh(mesh):
-        result = train._evaluate(fake_eval, None, config, phase, mesh)
-    rows = list(pretraining.iterate_instances(str(instances / "p1")))[: 3 * phase.batch_size]
+        result = pretraining._evaluate(fake_eval, None, config, phase, mesh)
+    rows = list(procedure.iterate_instances(str(instances / "p1")))[: 3 * phase.batch_size]
     assert len(rows) == 3 * phase.batch_size
     w = np.concatenate([r["masked_lm_weights"] for r in rows])
     ids = np.concatenate([r["masked_lm_ids"] for r in rows])
@@ -590,7 +594,7 @@ def test_evaluation_pools_predictions_over_batches(instances):
 def articles(data_dir, small_vocab, tmp_path_factory):
     """A small real corpus of many documents: the first 20 WikiText-2 valid articles, tokenized under the small
     vocabulary (`tests/conftest.py`)."""
-    from bert_jax.data import document_shards
+    from bert_jax.data.pretraining import document_shards
 
     out = tmp_path_factory.mktemp("articles") / "docs"
     docs = list(corpus.read_wikitext_documents([str(data_dir / "corpus" / "wikitext-2" / "valid.txt")],
@@ -612,7 +616,7 @@ def _held_out_config(instances, articles, **overrides):
 def test_held_out_documents_give_eval_metrics(instances, articles, tmp_path):
     """config.eval_fraction: a run on tokenized documents evaluates on the documents it holds out: "eval" records
     with MLM and NSP accuracy in metrics.jsonl at every evaluation, on the same instances each time."""
-    final = train.train_and_evaluate(_held_out_config(instances, articles), str(tmp_path / "run"), max_steps=2)
+    final = pretraining.train_and_evaluate(_held_out_config(instances, articles), str(tmp_path / "run"), max_steps=2)
     assert final["step"] == 2
     evals = summaries.read_metrics(str(tmp_path / "run"), "eval")
     assert [e["step"] for e in evals] == [1, 2]
@@ -624,7 +628,7 @@ def test_held_out_documents_give_eval_metrics(instances, articles, tmp_path):
 def test_held_out_settings_are_one_line_errors_before_anything_is_written(instances, articles, documents, tmp_path):
     def error(config):
         with pytest.raises(ValueError) as info:
-            train.train_and_evaluate(config, str(tmp_path / "run"))
+            pretraining.train_and_evaluate(config, str(tmp_path / "run"))
         assert not (tmp_path / "run").exists()
         message = str(info.value)
         assert "\n" not in message
@@ -651,14 +655,14 @@ def test_gradient_accumulation_keeps_rows_on_their_devices(instances):
     config = _config(instances, grad_accum_steps=2)
     config.phases[0].batch_size = 16  # 2 micro-batches of one row per device
     mesh = sharding.make_mesh(8, 1, 1)
-    model = train.create_model(config)
-    tx, schedule = engine.create_optimizer(config)
-    abstract, shardings = engine.state_shardings(train.state_init(model, tx, config.seed), mesh)
+    model = pretraining.create_model(config)
+    tx, schedule = steps.create_optimizer(config)
+    abstract, shardings = steps.state_shardings(pretraining.state_init(model, tx, config.seed), mesh)
     abstract = checkpointing.abstract_like(abstract, shardings)
-    batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
-    step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)
+    batch = next(pretraining.iterator(pretraining.resolve_phases(config)[0], config, None))
+    step_fn, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=2)
     with jax.set_mesh(mesh):
-        hlo = step_fn.lower(abstract, train.global_batch(batch, mesh)).compile().as_text()
+        hlo = step_fn.lower(abstract, pretraining.global_batch(batch, mesh)).compile().as_text()
     ops = {op for op in ("all-gather", "collective-permute", "all-to-all", "all-reduce") if f" {op}(" in hlo
            or f" {op}-start(" in hlo}
     assert ops == {"all-reduce"}, ops
@@ -674,20 +678,20 @@ def test_gradient_accumulation_matches_one_big_batch(instances, kernel_set):
     config.model.kernels = kernel_set
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    model = train.create_model(config)
-    tx, schedule = engine.create_optimizer(config)
-    batch = next(train.iterator(train.resolve_phases(config)[0], config, None))
+    model = pretraining.create_model(config)
+    tx, schedule = steps.create_optimizer(config)
+    batch = next(pretraining.iterator(pretraining.resolve_phases(config)[0], config, None))
     counts = batch["masked_lm_weights"].reshape(-1, 4, batch["masked_lm_weights"].shape[1]).sum(axis=(0, 2))
     assert len(set(counts.tolist())) > 1, counts  # the micro-batches differ, or the test proves less
     results = []
-    fresh, shardings = train.create_train_state(model, tx, mesh, 0)
+    fresh, shardings = pretraining.create_train_state(model, tx, mesh, 0)
     fresh = jax.device_get(fresh)
     initial = fresh.params
     for k in (1, 4):
         state = jax.device_put(fresh, shardings)  # the step donates its state: a copy for each k
-        step_fn, _ = train.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=k)
+        step_fn, _ = pretraining.compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps=k)
         with jax.set_mesh(mesh):
-            state, metrics = step_fn(state, train.global_batch(batch, mesh))
+            state, metrics = step_fn(state, pretraining.global_batch(batch, mesh))
         results.append((jax.device_get(state.params), {k_: float(v) for k_, v in metrics.items()}))
     (p1, m1), (p4, m4) = results
     for name in ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"):

@@ -1,5 +1,5 @@
 """The transfer machinery: task-text corpus readers on the real files, the MLM log-prior bias init,
-the pooled-sd summary and the probe configs/commands (bert_jax.experiment)."""
+the pooled-sd summary and the probe configs/commands (bert_jax.experiments.transfer)."""
 
 import json
 import math
@@ -10,8 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import engine, experiment, train
-from bert_jax.data import corpus, pretraining
+from bert_jax.training import pretraining, steps
+from bert_jax.experiments import transfer
+from bert_jax.data import corpus
+from bert_jax.data.pretraining import procedure
 from bert_jax.configs import pretrain
 
 
@@ -60,29 +62,29 @@ def test_glue_training_text_as_documents(data_dir):
 def test_write_corpus_counts_and_round_trips(data_dir, tmp_path):
     path = str(tmp_path / "corpus.txt")
     mrpc = ("mrpc", "glue:mrpc", [str(data_dir / "glue" / "MRPC" / "train.tsv")])
-    counts = experiment.write_corpus([mrpc, ("pydoc", "pydoc", [])], path)
+    counts = transfer.write_corpus([mrpc, ("pydoc", "pydoc", [])], path)
     docs = list(corpus.read_sentence_documents([path], corpus.ReadStats()))
     assert counts["mrpc"] == {"documents": 3668, "sentences": 7336}
     assert len(docs) == counts["mrpc"]["documents"] + counts["pydoc"]["documents"]
     assert sum(map(len, docs)) == counts["mrpc"]["sentences"] + counts["pydoc"]["sentences"]
     with pytest.raises(ValueError, match="corpus reader 'books' is not one of"):
-        experiment.write_corpus([("x", "books", [])], path)
+        transfer.write_corpus([("x", "books", [])], path)
     with pytest.raises(ValueError, match="nope.json does not exist"):
-        experiment.write_corpus([("x", "squad", [str(tmp_path / "nope.json")])], path)
+        transfer.write_corpus([("x", "squad", [str(tmp_path / "nope.json")])], path)
 
 
 def test_log_prior_matches_a_hand_count(instances):
     vocab_size = 30522
-    prior = pretraining.masked_token_log_prior(str(instances / "p1"), vocab_size)
+    prior = procedure.masked_token_log_prior(str(instances / "p1"), vocab_size)
     counts = np.ones(vocab_size)
-    for x in pretraining.iterate_instances(str(instances / "p1")):
+    for x in procedure.iterate_instances(str(instances / "p1")):
         ids = x["masked_lm_ids"][x["masked_lm_weights"] > 0]
         counts += np.bincount(ids, minlength=vocab_size)
     expected = np.log(counts / counts.sum())
     np.testing.assert_allclose(prior, expected - expected.mean(), rtol=1e-5, atol=1e-5)
     assert prior.dtype == np.float32 and abs(float(prior.mean())) < 1e-4
     with pytest.raises(ValueError, match="beyond vocab_size=100"):
-        pretraining.masked_token_log_prior(str(instances / "p1"), 100)
+        procedure.masked_token_log_prior(str(instances / "p1"), 100)
 
 
 def test_log_prior_init_starts_at_the_unigram_loss(instances):
@@ -93,16 +95,16 @@ def test_log_prior_init_starts_at_the_unigram_loss(instances):
     config.phases[0].data_dir = str(instances / "p1")
     config.mlm_bias_init = "log_prior"
     config.mesh.num_devices = 1
-    mesh = engine.make_mesh(config.mesh)
-    model = train.create_model(config)
-    tx, _ = engine.create_optimizer(config)
-    prior = train.initial_mlm_bias(config)
-    state, shardings = train.create_train_state(model, tx, mesh, 0, mlm_bias=prior)
-    zero_state, _ = train.create_train_state(model, tx, mesh, 0)
+    mesh = steps.make_mesh(config.mesh)
+    model = pretraining.create_model(config)
+    tx, _ = steps.create_optimizer(config)
+    prior = pretraining.initial_mlm_bias(config)
+    state, shardings = pretraining.create_train_state(model, tx, mesh, 0, mlm_bias=prior)
+    zero_state, _ = pretraining.create_train_state(model, tx, mesh, 0)
     assert state.params["mlm_output_bias"].sharding == zero_state.params["mlm_output_bias"].sharding
     np.testing.assert_array_equal(np.asarray(state.params["mlm_output_bias"]), prior)
-    every = list(pretraining.iterate_instances(str(instances / "p1")))  # all of them: the prior's own targets
-    batch = {k: np.stack([x[k] for x in every]) for k in train.BATCH_FIELDS}
+    every = list(procedure.iterate_instances(str(instances / "p1")))  # all of them: the prior's own targets
+    batch = {k: np.stack([x[k] for x in every]) for k in pretraining.BATCH_FIELDS}
     losses = {}
     for name, s in (("prior", state), ("zeros", zero_state)):
         out = model.apply({"params": jax.device_get(s.params)}, batch["input_ids"], batch["token_type_ids"],
@@ -122,34 +124,34 @@ def test_log_prior_init_starts_at_the_unigram_loss(instances):
     assert losses["prior"] < losses["zeros"] - 1.5, losses
     config.mlm_bias_init = "ones"
     with pytest.raises(ValueError, match="mlm_bias_init='ones' is not"):
-        train.validate(config, mesh, need_data=False)
+        pretraining.validate(config, mesh, need_data=False)
 
 
 def test_summarize_hand_computed():
-    s = experiment.summarize([74.0, 76.0, 75.0], [70.0, 71.0, 72.0])
+    s = transfer.summarize([74.0, 76.0, 75.0], [70.0, 71.0, 72.0])
     assert s["pretrained_mean"] == 75.0 and s["random_mean"] == 71.0 and s["gain"] == 4.0
     assert s["pretrained_sd"] == s["random_sd"] == 1.0 == s["pooled_sd"] == statistics.stdev([70.0, 71.0, 72.0])
     assert s["gain_in_pooled_sd"] == 4.0
-    assert experiment.summarize([80.0], [70.0])["gain_in_pooled_sd"] == math.inf
+    assert transfer.summarize([80.0], [70.0])["gain_in_pooled_sd"] == math.inf
 
 
 def test_probe_command_names_only_what_differs(tmp_path):
     model = pretrain.get_config("transfer").model
     model.vocab_size = 8000
-    cmd = experiment.probe_command("sst2_2k", str(tmp_path / "w"), init_checkpoint="", vocab_file="v.txt",
+    cmd = transfer.probe_command("sst2_2k", str(tmp_path / "w"), init_checkpoint="", vocab_file="v.txt",
                                    model=model, seed=1, data_dir="/data/glue/SST-2")
     flags = [c for c in cmd if c.startswith("--config.")]
     assert "--config.max_train_examples=2000" in flags and "--config.model.vocab_size=8000" in flags
     assert "--config.data_dir=/data/glue/SST-2" in flags and "--config.seed=1" in flags
     assert "--config.model.hidden_size=128" in flags  # bert_jax/configs/glue.py's default architecture is base
     assert not any(f.startswith("--config.train_batch_size=") for f in flags)  # 32 is the default
-    config = experiment.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model, seed=0,
+    config = transfer.probe_config("squad", init_checkpoint="run", vocab_file="v.txt", model=model, seed=0,
                                      train_file="/data/train.json", max_train_examples=10)
     assert config.train_file == "/data/train.json" and config.max_train_examples == 10 and config.num_train_epochs == 2.0
-    assert experiment.probe_config("sst2_2k", init_checkpoint="", vocab_file="v.txt", model=model,
+    assert transfer.probe_config("sst2_2k", init_checkpoint="", vocab_file="v.txt", model=model,
                                    seed=0, data_dir="/elsewhere/SST-2").data_dir == "/elsewhere/SST-2"
     with pytest.raises(ValueError, match="probe 'cola' is not one of"):
-        experiment.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, seed=0)
+        transfer.probe_config("cola", init_checkpoint="", vocab_file="v", model=model, seed=0)
 
 
 def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, data_dir):
@@ -160,7 +162,8 @@ def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, d
 
     import torch
 
-    from bert_jax import convert, modeling
+    from bert_jax.checkpoints import hf
+    from bert_jax.model import modeling
     from conftest import ROOT
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -175,16 +178,16 @@ def test_peer_pretraining_learns_and_exports_for_bert_jax(instances, tmp_path, d
     losses = [json.loads(line)["mlm_loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 30 and len(losses) == 3 and losses[-1] < losses[0] - 0.5, losses
     assert (tmp_path / "hf-10" / "vocab.txt").is_file()
-    bert_config, params = convert.from_hf(str(tmp_path / "hf"))
+    bert_config, params = hf.from_hf(str(tmp_path / "hf"))
     peer = __import__("transformers").BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
-    batch = next(pretraining.iterate_instances(str(instances / "p1")))
+    batch = next(procedure.iterate_instances(str(instances / "p1")))
     ids, types, mask = (np.asarray(batch[k])[None] for k in ("input_ids", "token_type_ids", "attention_mask"))
     ours = modeling.BertModel(bert_config).apply({"params": params["bert"]}, ids, types, mask, deterministic=True)
     with torch.no_grad():
         theirs = peer.bert(input_ids=torch.from_numpy(ids).long(), token_type_ids=torch.from_numpy(types).long(),
                            attention_mask=torch.from_numpy(mask).long())
     np.testing.assert_allclose(np.asarray(ours.sequence_output), theirs.last_hidden_state.numpy(), atol=1e-5)
-    initial = train.initial_mlm_bias(config)
+    initial = pretraining.initial_mlm_bias(config)
     assert abs(float(np.corrcoef(peer.cls.predictions.bias.detach().numpy(), initial)[0, 1])) > 0.9
 
 
@@ -193,17 +196,17 @@ def test_prepare_dynamic_data_tokenizes_once_for_both_phases(data_dir, tmp_path)
     """dynamic=True writes tokenized documents once into a data_dir the phases share, holding every
     document of the corpus, and each phase's iterator draws its own length from it."""
     path = str(tmp_path / "corpus.txt")
-    counts = experiment.write_corpus([("mrpc", "glue:mrpc", [str(data_dir / "glue" / "MRPC" / "train.tsv")])], path)
+    counts = transfer.write_corpus([("mrpc", "glue:mrpc", [str(data_dir / "glue" / "MRPC" / "train.tsv")])], path)
     config = pretrain.get_config("tiny")
     for p in config.phases:
         p.data_dir = str(tmp_path / "documents")
-    metas = experiment.prepare_pretraining_data(config, path, str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+    metas = transfer.prepare_pretraining_data(config, path, str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
                                                 dupe_factor=1, dynamic=True)
     assert metas[0] is metas[1] and metas[0]["kind"] == "documents"
     assert (metas[0]["num_documents"], metas[0]["num_sentences"]) == (counts["mrpc"]["documents"],
                                                                      counts["mrpc"]["sentences"])
-    for phase in train.resolve_phases(config):
-        it = train.iterator(phase, config, None)
+    for phase in pretraining.resolve_phases(config):
+        it = pretraining.iterator(phase, config, None)
         batch = next(iter(it))
         it.close()
         assert batch["input_ids"].shape == (phase.batch_size, phase.max_seq_length)

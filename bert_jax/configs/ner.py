@@ -9,7 +9,7 @@ Defaults are the paper's fine-tuning setup (appendix A.3: batch size 16 or 32, l
 3e-5 or 2e-5, 2 to 4 epochs, best on dev; section 5.3 for NER): batch 32, 3 epochs, learning rate 5e-5
 (the first of LEARNING_RATES); run the others of the grid with --config.learning_rate /
 --config.num_train_epochs. Warmup 0.1 and weight decay 0.01 as run_classifier.py, max_seq_length 128
-(longer sentences are split between words, see bert_jax.data.conll). Google's release recommends a cased
+(longer sentences are split between words, see bert_jax.data.ner). Google's release recommends a cased
 vocabulary for NER: with a cased model set do_lower_case False. Data: train.txt / valid.txt / test.txt
 in the CoNLL column format (the original eng.train / eng.testa / eng.testb are the same files; set the
 names), or TFDS conll2003 with use_tfds.
@@ -46,10 +46,10 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.length_buckets = 1
     config.max_length_buckets = 12
     # a bucket is placed only if it saves this many padded tokens: one program's compile time over one
-    # token's training time (all-MiniLM-L6-v2 on a 2-core CPU: ~8 s against ~0.8 ms; 0: max_length_buckets alone)
+    # token's training time (the ratio measured in benchmarks/README.md; 0: max_length_buckets alone)
     config.bucket_program_tokens = 10_000.0
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
-    # the optimizer update as one program shared by every bucket length (engine.SharedUpdateStep): each
+    # the optimizer update as one program shared by every bucket length (steps.SharedUpdateStep): each
     # bucket compiles only its forward and backward pass (false: one whole-step program per bucket)
     config.shared_update = True
     config.train_batch_size = 32  # paper grid: 16, 32

@@ -3,7 +3,7 @@
 Launch (from the project root), e.g.:
   python -m bert_jax.train --config pretrain:tiny --workdir /tmp/run \\
       --config.phases[0].data_dir=data/p1 --config.phases[1].data_dir=data/p2
-Model fields are named as in `bert_config.json`; `bert_jax.modeling.BertConfig.from_dict(config.model)`
+Model fields are named as in `bert_config.json`; `bert_jax.model.modeling.BertConfig.from_dict(config.model)`
 turns them into the model's arguments (model code never sees a ConfigDict).
 
 Sizes (L layers, H hidden, A heads): tiny 2/128/2 (CPU tests), mini 4/256/4, small 4/512/8,
@@ -49,7 +49,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
         param_dtype="float32",  # parameters stay float32
         scan_layers=False,  # nn.scan over layers (fast compile of deep models)
         remat_policy="none",  # none | full | dots | dots_no_batch
-        kernels="auto",  # auto | reference | xla_cpu | tpu | splash | gpu (bert_jax.kernels; auto: xla_cpu on CPU,
+        kernels="auto",  # auto | reference | xla_cpu | tpu | splash | gpu (bert_jax.model.kernels; auto: xla_cpu on CPU,
         # tpu on TPU, gpu on GPU)
     ))
 
@@ -57,7 +57,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
 def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, data_dir: str,
           batch_size: int, packing: bool = False, masked_lm_prob: float = 0.15, do_whole_word_mask: bool = False,
           short_seq_prob: float = 0.1) -> ml_collections.ConfigDict:
-    """One pre-training phase's fields (`bert_jax.train.resolve_phases` checks them). The instance and masking
+    """One pre-training phase's fields (`bert_jax.training.pretraining.resolve_phases` checks them). The instance and masking
     fields carry create_pretraining_data.py's flag names and defaults: tokenized documents draw instances with
     them; static instances were written with fixed ones, which must equal these (a one-line error names the
     field otherwise)."""
@@ -70,12 +70,12 @@ def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, da
         fraction=fraction,  # share of total_steps spent in this phase
         data_dir=data_dir,  # create_pretraining_data output: instances, or documents (--tokenize_only)
         batch_size=batch_size,  # global batch, rows (sequences; packed: rows of several instances)
-        # Pack several instances per row (Krell et al. 2021; bert_jax.data.packing): attention within each
+        # Pack several instances per row (Krell et al. 2021; bert_jax.data.pretraining.packing): attention within each
         # instance, positions restarting, NSP at each [CLS]; the same loss per instance as unpacked.
         packing=packing,
         max_instances=0,  # instances per packed row, K (0: max(2, max_seq_length // 32))
         # With packing and tokenized documents: rows with >= 32 free tokens get instances drawn to fit
-        # (bert_jax.data.dynamic.FillRows: short documents leave gaps that no instance of the stream fills).
+        # (bert_jax.data.pretraining.dynamic.FillRows: short documents leave gaps that no instance of the stream fills).
         fill_rows=True,
     ))
 
@@ -111,9 +111,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # grain worker processes per host decoding instances, or drawing them from tokenized documents (0: the
     # training process's threads); the batches are the same for any count, a run resumes with its own
     config.data_workers = 0
-    # Held-out evaluation (bert_jax.evaluation), one of: a directory of static instances or of tokenized documents
+    # Held-out evaluation (bert_jax.training.evaluation), one of: a directory of static instances or of tokenized documents
     # (instances drawn with each phase's length and masking), or a share of the phases' tokenized documents that
-    # training never reads (bert_jax.data.holdout). Neither: no evaluation.
+    # training never reads (bert_jax.data.pretraining.holdout). Neither: no evaluation.
     config.eval_data_dir = ""  # held-out instances or documents ("" = none)
     config.eval_fraction = 0.0  # share of each phase's tokenized documents held out, in (0, 1) (0 = none)
     config.eval_every = 10_000  # steps between evaluations

@@ -38,11 +38,11 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.length_buckets = 1
     config.max_length_buckets = 12
     # a bucket is placed only if it saves this many padded example positions (each 4 tokens, one per
-    # choice): one program's compile time over one token's training time (all-MiniLM-L6-v2 on a 2-core
-    # CPU: ~8 s against ~0.8 ms: 10,000 tokens; 0: max_length_buckets alone)
+    # choice): one program's compile time over one token's training time (the ratio measured in
+    # benchmarks/README.md, over 4; 0: max_length_buckets alone)
     config.bucket_program_tokens = 2_500.0
     config.group_by_length = True  # training batches from length-sorted chunks of 50 batches (transformers')
-    # the optimizer update as one program shared by every bucket length (engine.SharedUpdateStep): each
+    # the optimizer update as one program shared by every bucket length (steps.SharedUpdateStep): each
     # bucket compiles only its forward and backward pass (false: one whole-step program per bucket)
     config.shared_update = True
     config.train_batch_size = 16  # paper: 16 (examples, each of 4 sequences)

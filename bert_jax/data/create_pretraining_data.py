@@ -3,8 +3,8 @@
   python -m bert_jax.data.create_pretraining_data --input_file=corpus/*.txt --output_dir=out \\
       --vocab_file=vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=5
 
---tokenize_only writes tokenized documents instead (`bert_jax.data.document_shards`: the corpus tokenized
-once into --num_shards ArrayRecord shards by --num_workers processes; `bert_jax.data.dynamic` draws
+--tokenize_only writes tokenized documents instead (`bert_jax.data.pretraining.document_shards`: the corpus tokenized
+once into --num_shards ArrayRecord shards by --num_workers processes; `bert_jax.data.pretraining.dynamic` draws
 instances and masks from them while training, a fresh draw each epoch), and a phase's data_dir may point at
 the output. The flags of instances (`STATIC_ONLY`: --max_seq_length, --max_predictions_per_seq,
 --masked_lm_prob, --do_whole_word_mask, --short_seq_prob, --short_seq_per_document, --dupe_factor,
@@ -12,22 +12,22 @@ the output. The flags of instances (`STATIC_ONLY`: --max_seq_length, --max_predi
 `bert_jax.train` (`bert_jax.configs.pretrain.phase`), the seed its config.seed, and every epoch draws afresh.
 
 --runner (and Apache Beam's pipeline options after it, each as --name=value) runs the same preparation on
-Apache Beam (`bert_jax.data.beam_pipeline`: the same bytes; --num_workers is then the runner's business):
+Apache Beam (`bert_jax.data.pretraining.beam_pipeline`: the same bytes; --num_workers is then the runner's business):
   --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing   (this machine)
   --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp            (Google Cloud)
 --dedupe=lines|documents drops lines or documents seen before in the corpus (`bert_jax.data.dedupe`).
 
 Input formats: `sentences` (the original: one sentence per line, blank line between documents),
 `text` (each file one document of paragraphs, split into sentences), or a TFDS dataset with
---tfds_name. See `bert_jax.data.pretraining` for the procedure and the output format.
+--tfds_name. See `bert_jax.data.pretraining.procedure` for the procedure and the output format.
 """
 
-import sys
 
 from absl import app, flags
 
 from bert_jax import errors, storage
-from bert_jax.data import corpus, dedupe, document_shards, pretraining, tokenization
+from bert_jax.data import corpus, dedupe, tokenization
+from bert_jax.data.pretraining import document_shards, procedure
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated globs of input text files.")
@@ -53,12 +53,12 @@ flags.DEFINE_string("tfds_name", None, "TFDS text dataset instead of --input_fil
 flags.DEFINE_string("tfds_split", "train", "TFDS split.")
 flags.DEFINE_string("tfds_text_key", "text", "TFDS feature holding the document text.")
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own).")
-flags.DEFINE_bool("tokenize_only", False, "Write tokenized documents for dynamic instances (bert_jax.data.dynamic), "
+flags.DEFINE_bool("tokenize_only", False, "Write tokenized documents for dynamic instances (bert_jax.data.pretraining.dynamic), "
                   "not instances.")
 flags.DEFINE_enum("dedupe", "none", list(dedupe.MODES), "Drop lines or documents seen before in the corpus "
                   "(exact, whole corpus; counted in metadata.json's skipped).")
 flags.DEFINE_string("runner", None, "Apache Beam runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner): "
-                    "prepare on Beam (bert_jax.data.beam_pipeline), with Beam's options as further --name=value "
+                    "prepare on Beam (bert_jax.data.pretraining.beam_pipeline), with Beam's options as further --name=value "
                     "flags. Default: processes on this machine.")
 
 
@@ -110,12 +110,12 @@ def main(argv):
         if FLAGS.dedupe != "none":
             source["dedupe"] = FLAGS.dedupe
         extra = source if FLAGS.tokenize_only else {**source, "do_lower_case": FLAGS.do_lower_case}
-        options = pretraining.InstanceOptions(
+        options = procedure.InstanceOptions(
             max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
             do_whole_word_mask=FLAGS.do_whole_word_mask, short_seq_per_document=FLAGS.short_seq_per_document)
         if FLAGS.runner:
-            from bert_jax.data import beam_pipeline  # imports Apache Beam
+            from bert_jax.data.pretraining import beam_pipeline
 
             if FLAGS.tfds_name:
                 parts = beam_pipeline.tfds_parts(FLAGS.tfds_name, FLAGS.tfds_split, FLAGS.tfds_text_key,
@@ -142,7 +142,7 @@ def main(argv):
                     documents, tokenizer, FLAGS.output_dir, num_shards=FLAGS.num_shards,
                     num_workers=FLAGS.num_workers, read_stats=stats, extra_metadata=extra)
             else:
-                metadata = pretraining.create_pretraining_data(
+                metadata = procedure.create_pretraining_data(
                     documents, tokenizer, FLAGS.output_dir, options=options, dupe_factor=FLAGS.dupe_factor,
                     random_seed=FLAGS.random_seed, num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
                     read_stats=stats, progress=True, extra_metadata=extra)

@@ -5,7 +5,7 @@ metadata.json's "skipped"); a document left without a line is dropped as a repea
 
 Texts are compared by a 128-bit BLAKE2b digest of their UTF-8 bytes (`key`: a collision is as likely as
 guessing a random 128-bit number). One process (`first_seen`) keeps the set of digests seen, about 100 bytes
-of memory per distinct line or document; Apache Beam (`bert_jax.data.beam_pipeline`) groups the digests
+of memory per distinct line or document; Apache Beam (`bert_jax.data.pretraining.beam_pipeline`) groups the digests
 with their places instead and drops all but the first place of each, which gives the same output.
 """
 

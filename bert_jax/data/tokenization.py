@@ -373,8 +373,8 @@ class Tokenizer:
         the original's BasicTokenizer reduces to "drop control characters, lowercase when uncased, words
         are runs of letters and digits, every other printable character is a word of its own", and each
         distinct word's WordPiece ids come from the Rust tokenizer once, then from a cache. Other texts
-        are encoded in parallel by the Rust library. About 2-3x faster than the Rust library alone on
-        the Gutenberg corpus (see benchmarks/create_pretraining_data.py).
+        are encoded in parallel by the Rust library (the speed against the Rust library alone:
+        benchmarks/README.md, benchmarks/create_pretraining_data.py).
 
         Raises:
           TypeError: `texts` is a single str or not iterable, or an element is not a str (named by index).

@@ -1,10 +1,10 @@
 """The fine-tuning loop shared by the task jobs: sharded state from an encoder, the task's steps, `fit`.
 
-Mesh, optimizer, sharded state, train step and timer are `bert_jax.engine`'s, as in pre-training: the
+Mesh, optimizer, sharded state, train step and timer are `bert_jax.training.steps`'s, as in pre-training: the
 state is built sharded (`jax.eval_shape` -> logical partition specs -> `jax.jit(..., out_shardings=...)`)
-and the task's loss goes through `engine.train_step`, jitted with explicit shardings and donation.
-`fit` runs it with `bert_jax.runner.Runner` (as pre-training does: logging, progress bar, the non-finite
-check) over batches of `bert_jax.batching` (each process's rows of one global permutation, optionally cut
+and the task's loss goes through `steps.train_step`, jitted with explicit shardings and donation.
+`fit` runs it with `bert_jax.training.loop.Runner` (as pre-training does: logging, progress bar, the non-finite
+check) over batches of `bert_jax.tasks.batching` (each process's rows of one global permutation, optionally cut
 to length buckets, one compiled program per bucket used).
 """
 
@@ -22,18 +22,19 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import engine, initialisation, runner, sharding, summaries
-from bert_jax.batching import FIXED, Padding, local_batches
-from bert_jax.engine import TrainState, global_batch
+from bert_jax.training import loop, sharding, steps, summaries
+from bert_jax.checkpoints import sources
+from bert_jax.tasks.batching import FIXED, Padding, local_batches
+from bert_jax.training.steps import TrainState, global_batch
 from bert_jax.tasks.prediction import INPUT_NAMES, predict_step
 
 
 def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                 init: initialisation.Initialisation, seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
+                 init: sources.Initialisation, seed: int, seq_length: int = 8) -> tuple[TrainState, Any]:
     """The sharded TrainState of `model` (a BertFor... task model with an encoder named "bert"), its
-    encoder taken from `init` (`initialisation.load_params` of the "bert/..." parameters; a pooler the
+    encoder taken from `init` (`sources.load_params` of the "bert/..." parameters; a pooler the
     source lacks, and the task head, as initialised with `seed`), and the tree of NamedShardings
-    (`engine.state_shardings`).
+    (`steps.state_shardings`).
 
     Raises:
       ValueError: a parameter or optimizer-state dimension the mesh does not divide
@@ -41,12 +42,12 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.s
       FileNotFoundError / ValueError: from Orbax when the checkpoint does not hold a matching encoder.
     """
     ids = jnp.zeros((1, seq_length), jnp.int32)
-    state_init = engine.state_init(model, tx, seed, ids, ids, ids)
-    abstract, shardings = engine.state_shardings(state_init, mesh)
+    state_init = steps.state_init(model, tx, seed, ids, ids, ids)
+    abstract, shardings = steps.state_shardings(state_init, mesh)
     sharding.check_divisible(abstract, shardings)
-    encoder, _ = initialisation.load_params(init, abstract.params, shardings.params, mesh,
+    encoder, _ = sources.load_params(init, abstract.params, shardings.params, mesh,
                                             take=lambda path: path.startswith("bert/"))
-    return engine.create_state(state_init, mesh, shardings, params=encoder), shardings
+    return steps.create_state(state_init, mesh, shardings, params=encoder), shardings
 
 
 TaskLoss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
@@ -54,7 +55,7 @@ TaskLoss = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
 
 def task_loss(params: Any, batch: Mapping[str, jax.Array], dropout_rng: jax.Array, denominators=None, *,
               model: nn.Module, loss_fn: TaskLoss) -> tuple[jax.Array, dict]:
-    """The `engine.LossFn` of a task: `model` on INPUT_NAMES (int32 [B, L]) with dropout, then
+    """The `steps.LossFn` of a task: `model` on INPUT_NAMES (int32 [B, L]) with dropout, then
     `loss_fn(outputs, batch)` -> (sum, count) -> float32 scalar sum / count (sum / denominators when
     given: the whole batch's row count under accumulation), and no further metrics."""
     out = model.apply({"params": params}, *(batch[k] for k in INPUT_NAMES), deterministic=False,
@@ -65,13 +66,13 @@ def task_loss(params: Any, batch: Mapping[str, jax.Array], dropout_rng: jax.Arra
 
 def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss,
                   shared_update: bool = False) -> tuple[Callable, Callable]:
-    """(train_step, predict_step) jitted with explicit shardings (`engine.jit_train_step`, state donated).
+    """(train_step, predict_step) jitted with explicit shardings (`steps.jit_train_step`, state donated).
 
     Args:
       shardings: the TrainState tree of NamedShardings from `create_state`.
       loss_fn: (model outputs, batch) -> (float32 sum of the per-example losses, float32 count).
       shared_update: the optimizer update as one program for every batch shape
-        (`engine.SharedUpdateStep`; config.shared_update of the GLUE, NER and SWAG jobs).
+        (`steps.SharedUpdateStep`; config.shared_update of the GLUE, NER and SWAG jobs).
 
     The train step's metrics: loss (sum / count), grad_norm, learning_rate, float32 scalars. Every batch
     array (inputs [B, L], labels [B] or [B, ...]) is sharded over its rows (data, fsdp).
@@ -81,17 +82,17 @@ def compile_steps(model, tx, schedule, mesh, shardings, loss_fn: TaskLoss,
         compiled here: jax traces and compiles on the first call, and raises there for a batch whose keys
         or shapes do not fit these shardings.
     """
-    step = engine.jit_train_step(functools.partial(task_loss, model=model, loss_fn=loss_fn), tx, schedule, mesh,
+    step = steps.jit_train_step(functools.partial(task_loss, model=model, loss_fn=loss_fn), tx, schedule, mesh,
                                  shardings, shared_update=shared_update)
-    predict = engine.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params)
+    predict = steps.jit_eval_step(functools.partial(predict_step, model=model), mesh, shardings.params)
     return step, predict
 
 
 def create_optimizer(config: ml_collections.ConfigDict, num_train_steps: int):
     """AdamW as the original's fine-tuning (`optimization.create_optimizer`): linear warmup over
     warmup_proportion of the steps, linear decay to 0, weight decay 0.01, clipping at 1.0
-    (`engine.create_optimizer` over max(num_train_steps, 1) steps)."""
-    return engine.create_optimizer(config, max(num_train_steps, 1))
+    (`steps.create_optimizer` over max(num_train_steps, 1) steps)."""
+    return steps.create_optimizer(config, max(num_train_steps, 1))
 
 
 def _training_batches(arrays: Mapping[str, np.ndarray], batch_size: int, seed: int, num_steps: int,
@@ -146,14 +147,14 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         bucket length the run uses compiles step_fn once, all of them before the first step and several
         at a time (`_compile_ahead`).
 
-    The loop is `runner.Runner`'s, as pre-training's: every step's loss and gradient norm checked one
+    The loop is `loop.Runner`'s, as pre-training's: every step's loss and gradient norm checked one
     step late (at most one step in flight), the metrics logged every `log_every` steps and at the end.
 
     Returns the final state and the logged metrics (step, loss, grad_norm, learning_rate,
     examples_per_second; examples_per_second leaves out a first step that compiled).
 
     Raises:
-      FloatingPointError: a non-finite loss or gradient norm, naming the step (`runner.check_finite`).
+      FloatingPointError: a non-finite loss or gradient norm, naming the step (`loop.check_finite`).
       ValueError: fewer than batch_size training rows (no batch would ever form), or batch_size not
         divisible by the process count (`local_batches`).
     """
@@ -162,7 +163,7 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         raise ValueError(f"{rows} training examples are fewer than one batch of train_batch_size={batch_size}")
     history = []
 
-    def log(step: int, values: dict[str, float], lap: engine.Lap) -> dict[str, str]:
+    def log(step: int, values: dict[str, float], lap: steps.Lap) -> dict[str, str]:
         values["examples_per_second"] = lap.examples_per_second(batch_size)
         summaries.write_scalars(writer, step, values, "train")
         history.append(dict(values, step=step))
@@ -172,9 +173,9 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
         programs = _compile_ahead(step_fn, state, arrays, batch_size, seed, num_train_steps, padding, mesh)
         batches = ((programs.get(local["attention_mask"].shape, step_fn), global_batch(local, mesh, tuple(local)))
                    for local in _training_batches(arrays, batch_size, seed, num_train_steps, padding))
-        loop = runner.Runner(0, num_train_steps, desc=desc, log_every=log_every, log=log)
+        runner = loop.Runner(0, num_train_steps, desc=desc, log_every=log_every, log=log)
         try:
-            state = loop.run(state, batches)
+            state = runner.run(state, batches)
         finally:
-            loop.close()
+            runner.close()
     return state, history

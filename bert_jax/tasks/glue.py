@@ -31,7 +31,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import batching, engine, heads, losses, storage, summaries
+from bert_jax.tasks import batching
+from bert_jax.training import losses, steps, summaries
+from bert_jax.model import heads
+from bert_jax import storage
 from bert_jax.data import glue
 from bert_jax.tasks import finetune, job, prediction
 
@@ -184,7 +187,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.do_predict and spec.name == "mnli" and config.get("predict_diagnostic", True):
         tests.append((glue.AX.test_sets[0], _diagnostic_examples(config)))  # AX.tsv, MNLI's labels
     model = heads.BertForSequenceClassification(init.config, num_labels=spec.num_labels)
-    mesh = engine.make_mesh(config.mesh)
+    mesh = steps.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     # config.max_length_buckets: bucket lengths placed on the batches fit will draw
     padding = padding.placed(train, config.train_batch_size, config.seed, num_train_steps)

@@ -2,7 +2,7 @@
 run (scores, final checkpoint, run files) and the command line.
 
 Initial weights (`config.init_checkpoint`, paper section 4: the pre-trained encoder, fresh task head):
-whatever `bert_jax.initialisation.resolve` reads (a Hugging Face directory, a google-research/bert
+whatever `bert_jax.checkpoints.sources.resolve` reads (a Hugging Face directory, a google-research/bert
 TensorFlow checkpoint, a bert_jax run or one of its checkpoints; "" for random initialisation), the
 architecture from the source, the compute options and dropout from this job's `config.model`. The
 vocabulary and casing are the source's (its vocab.txt and tokenizer_config.json) unless config.vocab_file /
@@ -17,9 +17,12 @@ from typing import Callable, Mapping
 import jax
 import ml_collections
 
-from bert_jax import checkpointing, errors, initialisation, modeling, storage, summaries
+from bert_jax.checkpoints import checkpointing, sources
+from bert_jax import errors, storage
+from bert_jax.model import modeling
+from bert_jax.training import summaries
 from bert_jax.data.tokenization import Tokenizer
-from bert_jax.engine import TrainState
+from bert_jax.training.steps import TrainState
 
 
 def data_file(config: ml_collections.ConfigDict, name: str) -> str:
@@ -33,16 +36,16 @@ def data_file(config: ml_collections.ConfigDict, name: str) -> str:
     return storage.join(config.data_dir, name)
 
 
-def load_tokenizer(config: ml_collections.ConfigDict, init: initialisation.Initialisation) -> Tokenizer:
+def load_tokenizer(config: ml_collections.ConfigDict, init: sources.Initialisation) -> Tokenizer:
     """The WordPiece tokenizer of the job: config.vocab_file and config.do_lower_case when set, else the
-    source's (`initialisation.vocabulary`), checked against the encoder.
+    source's (`sources.vocabulary`), checked against the encoder.
 
     Raises:
       ValueError: no vocabulary, or one / a casing that conflicts with the source's (`vocabulary`); a
         vocabulary with more tokens than the model's vocab_size (its ids would index past the embeddings).
       FileNotFoundError: the vocabulary file does not exist.
     """
-    vocab_file, do_lower_case = initialisation.vocabulary(init, config.vocab_file, config.get("do_lower_case"))
+    vocab_file, do_lower_case = sources.vocabulary(init, config.vocab_file, config.get("do_lower_case"))
     tokenizer = Tokenizer(vocab_file, do_lower_case=do_lower_case)
     if tokenizer.vocab_size > init.config.vocab_size:
         raise ValueError(f"vocabulary {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens, more than the model's "
@@ -50,13 +53,13 @@ def load_tokenizer(config: ml_collections.ConfigDict, init: initialisation.Initi
     return tokenizer
 
 
-def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Initialisation, Tokenizer]:
-    """What every task job starts from: `initialisation.resolve` of config.init_checkpoint (its
+def load_encoder(config: ml_collections.ConfigDict) -> tuple[sources.Initialisation, Tokenizer]:
+    """What every task job starts from: `sources.resolve` of config.init_checkpoint (its
     architecture, the job's compute options) and `load_tokenizer`, with config.max_seq_length checked
     against the encoder's positions.
 
     Raises:
-      the errors of `initialisation.resolve` and `load_tokenizer`;
+      the errors of `sources.resolve` and `load_tokenizer`;
       ValueError: a batch size (config.*_batch_size) below 1 or a negative config.num_train_epochs (checked
         first); config.max_seq_length over the encoder's max_position_embeddings; an architecture field set
         on the command line that conflicts with the init_checkpoint's (`check_explicit_fields`).
@@ -66,9 +69,9 @@ def load_encoder(config: ml_collections.ConfigDict) -> tuple[initialisation.Init
             raise ValueError(f"config.{name}={config[name]} must be at least 1")
     if config.get("num_train_epochs", 0) < 0:
         raise ValueError(f"config.num_train_epochs={config.num_train_epochs} must be non-negative")
-    init = initialisation.resolve(config.init_checkpoint, config.model)
+    init = sources.resolve(config.init_checkpoint, config.model)
     if init.kind != "random":
-        initialisation.check_explicit_fields(config, init.config, config.init_checkpoint)
+        sources.check_explicit_fields(config, init.config, config.init_checkpoint)
     tokenizer = load_tokenizer(config, init)
     if config.max_seq_length > init.config.max_position_embeddings:
         raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds max_position_embeddings="
@@ -80,13 +83,13 @@ def save_final(workdir: str, state: TrainState, config: ml_collections.ConfigDic
                metrics: Mapping[str, float], tokenizer: Tokenizer | None = None) -> str:
     """Writes the fine-tuned state as an Orbax checkpoint `<workdir>/checkpoints/<step>` (config item:
     the job's config with the resolved model), and, with `tokenizer`, the run files that make the workdir
-    an init_checkpoint or a `bert_jax.convert to_hf` input alone (`initialisation.write_run_files`:
+    an init_checkpoint or a `bert_jax.convert to_hf` input alone (`sources.write_run_files`:
     bert_config.json, vocab.txt, tokenizer_config.json); returns the checkpoint's path."""
     step = int(jax.device_get(state.step))
     config_json = json.loads(config.to_json())
     config_json["model"] = bert_config.to_dict()
     if tokenizer is not None and jax.process_index() == 0:
-        initialisation.write_run_files(workdir, bert_config, tokenizer.vocab_file, tokenizer.do_lower_case)
+        sources.write_run_files(workdir, bert_config, tokenizer.vocab_file, tokenizer.do_lower_case)
     checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"), max_to_keep=1, async_save=False)
     checkpointer.save(step, state, {"metrics": dict(metrics)}, config_json)
     checkpointer.close()
@@ -128,12 +131,13 @@ def check_recipe_kind(config: ml_collections.ConfigDict, name: str) -> None:
 
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
     """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
-    multi-host flags of `bert_jax.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
+    multi-host flags of `bert_jax.training.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
     prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
     from absl import app, flags, logging
     from bert_jax import configs
 
-    from bert_jax import console, distributed
+    from bert_jax import console
+    from bert_jax.training import distributed
 
     console.install()
 

@@ -5,7 +5,7 @@
 
 `heads.BertForTokenClassification` (dropout -> [D, C] on every token) is trained with cross-entropy
 at the first sub-token of each word (`losses.token_classification_loss`); a word's prediction is the
-argmax at its first sub-token (`bert_jax.data.conll`: features, splitting of long sentences). Labels
+argmax at its first sub-token (`bert_jax.data.ner`: features, splitting of long sentences). Labels
 are the IOB tags of the training file, IOB1 or IOB2 as found.
 
 Metrics (`compute_metrics`, percent): entity-level precision, recall and F1 (micro over entity types)
@@ -28,8 +28,11 @@ import ml_collections
 import numpy as np
 from seqeval import metrics as seqeval_metrics
 
-from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
-from bert_jax.data import conll
+from bert_jax.tasks import batching
+from bert_jax.training import losses, steps, summaries
+from bert_jax.model import heads
+from bert_jax import storage
+from bert_jax.data import ner
 from bert_jax.tasks import finetune, job, prediction
 
 LABEL_NAMES = ("labels", "label_weights")
@@ -71,14 +74,14 @@ def compute_metrics(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[
     return {k: 100.0 * float(v) for k, v in values.items()}
 
 
-def _sentences(config: ml_collections.ConfigDict, role: str) -> list[conll.Sentence]:
+def _sentences(config: ml_collections.ConfigDict, role: str) -> list[ner.Sentence]:
     """The sentences of one role (train / dev / test): config.<role>_file in config.data_dir, or TFDS."""
     if config.use_tfds:
-        sentences = conll.read_conll_tfds(TFDS_SPLITS[role], data_dir=config.tfds_data_dir or None)
-        source = f"TFDS {conll.TFDS_NAME} {TFDS_SPLITS[role]}"
+        sentences = ner.read_conll_tfds(TFDS_SPLITS[role], data_dir=config.tfds_data_dir or None)
+        source = f"TFDS {ner.TFDS_NAME} {TFDS_SPLITS[role]}"
     else:
         source = job.data_file(config, config[f"{role}_file"])
-        sentences = conll.read_conll(source)
+        sentences = ner.read_conll(source)
     if not sentences:
         raise ValueError(f"{source} holds no sentences")
     return sentences
@@ -89,13 +92,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     TFDS, the test) sentences.
 
     Returns:
-      metrics: init, labels (the label set, training-file order of `conll.label_list`), iob_scheme (of
+      metrics: init, labels (the label set, training-file order of `ner.label_list`), iob_scheme (of
       the training file), train_sentences, train_sequences, train_steps, train_seconds, train_loss;
       per evaluated set (prefix dev_ / test_) the `compute_metrics` scores and <prefix>sentences;
       checkpoint (when saved).
 
     Raises:
-      ValueError / FileNotFoundError: missing files, malformed lines (`conll.read_conll`), a bad
+      ValueError / FileNotFoundError: missing files, malformed lines (`ner.read_conll`), a bad
         checkpoint, or max_seq_length over the model's max_position_embeddings.
     """
     padding = batching.Padding.from_config(config)  # dynamic padding: config.length_buckets, group_by_length
@@ -103,16 +106,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     train_sentences = _sentences(config, "train")
     if config.max_train_examples > 0:
         train_sentences = train_sentences[:config.max_train_examples]
-    labels = conll.label_list(train_sentences)
+    labels = ner.label_list(train_sentences)
     evals = [(role, _sentences(config, role)) for role in ("dev", "test")
              if config.use_tfds or config[f"{role}_file"]]
 
     def features(sentences):
-        return conll.convert_to_features(sentences, tokenizer, labels, config.max_seq_length)
+        return ner.convert_to_features(sentences, tokenizer, labels, config.max_seq_length)
 
     train = features(train_sentences)
     model = heads.BertForTokenClassification(init.config, num_labels=len(labels))
-    mesh = engine.make_mesh(config.mesh)
+    mesh = steps.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     # config.max_length_buckets: bucket lengths placed on the batches fit will draw
     padding = padding.placed(train, config.train_batch_size, config.seed, num_train_steps)
@@ -134,7 +137,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                   log_every=config.log_every, desc="CoNLL-2003 NER fine-tuning",
                                   padding=padding)
     metrics: dict[str, Any] = {"init": init.kind, "labels": list(labels),
-                               "iob_scheme": conll.iob_scheme(train_sentences),
+                               "iob_scheme": ner.iob_scheme(train_sentences),
                                "train_sentences": len(train_sentences), "train_sequences": len(train["labels"]),
                                "train_steps": num_train_steps, "train_seconds": time.perf_counter() - start,
                                "train_loss": history[-1]["loss"] if history else float("nan")}
@@ -143,7 +146,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         feats = features(sentences)
         out = prediction.predict(predict_fn, state.params, feats, batch_size=config.eval_batch_size, mesh=mesh,
                                desc=f"CoNLL-2003 {role}", padding=padding)
-        predicted = conll.word_predictions(feats, np.argmax(out.logits, axis=-1), sentences, labels)
+        predicted = ner.word_predictions(feats, np.argmax(out.logits, axis=-1), sentences, labels)
         scores.update({f"{role}_{k}": v for k, v in compute_metrics([s.tags for s in sentences], predicted).items()})
         metrics[f"{role}_sentences"] = len(sentences)
         files[f"{role}_predictions.txt"] = (sentences, predicted)
@@ -151,7 +154,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     job.finish(writer, workdir, state, config, init.config, tokenizer, scores, metrics, num_train_steps)
     if is_main:
         for name, (sentences, predicted) in files.items():
-            conll.write_conll(storage.join(workdir, name), sentences, predicted)
+            ner.write_conll(storage.join(workdir, name), sentences, predicted)
         storage.write_json(storage.join(workdir, "metrics.json"), metrics)
     return metrics
 

@@ -13,9 +13,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bert_jax import sharding, summaries
-from bert_jax.batching import FIXED, Padding, local_batches
-from bert_jax.engine import global_batch
+from bert_jax.training import sharding, summaries
+from bert_jax.tasks.batching import FIXED, Padding, local_batches
+from bert_jax.training.steps import global_batch
 
 # The model inputs of every task, int32 [N, L] (SWAG [N, 4, L]), in the order the task models take them.
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")

@@ -29,7 +29,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import engine, heads, losses, modeling, storage, summaries
+from bert_jax.training import losses, steps, summaries
+from bert_jax.model import heads
+from bert_jax import storage
 from bert_jax.data import squad
 from bert_jax.tasks import finetune, job, prediction, squad_eval
 
@@ -167,7 +169,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         raise ValueError(f"config.predict_file {config.predict_file!r}: {len(unanswered)} question(s) without an "
                          f"answer (first: id {unanswered[0]!r}); SQuAD v1.1 scoring needs one per question "
                          "(set config.version_2_with_negative=True for unanswerable questions)")
-    mesh = engine.make_mesh(config.mesh)
+    mesh = steps.make_mesh(config.mesh)
     model = heads.BertForQuestionAnswering(init.config)
     storage.makedirs(workdir)
     is_main = jax.process_index() == 0

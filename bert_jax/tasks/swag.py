@@ -22,7 +22,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import batching, engine, heads, losses, modeling, storage, summaries
+from bert_jax.tasks import batching
+from bert_jax.training import losses, steps, summaries
+from bert_jax.model import heads
+from bert_jax import storage
 from bert_jax.data import swag
 from bert_jax.tasks import finetune, job, prediction
 
@@ -82,7 +85,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     test_examples = _examples(config, config.test_file, labelled=False) if config.do_predict else []
 
     model = heads.BertForMultipleChoice(init.config)
-    mesh = engine.make_mesh(config.mesh)
+    mesh = steps.make_mesh(config.mesh)
     num_train_steps = int(len(train["labels"]) / config.train_batch_size * config.num_train_epochs)
     # config.max_length_buckets: bucket lengths placed on the batches fit will draw
     padding = padding.placed(train, config.train_batch_size, config.seed, num_train_steps)

@@ -1,0 +1,50 @@
+"""The record every kernel set fills: `Kernels`, the operations `bert_jax.model.modeling` takes from a set.
+
+The bottom of the kernels package: the sets (`reference`, `xla_cpu`, `tpu`, `splash`, `gpu`) build their
+`KERNELS` from it, and `bert_jax.model.kernels` (`get`, `swapped`) hands them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """One kernel set: the operations `bert_jax.model.modeling` takes from here.
+
+    Attributes:
+      name: "reference", "xla_cpu", "tpu", "splash" or "gpu".
+      gelu: x [...] any float dtype -> exact (erf) GELU x * Phi(x), computed in float32, x's dtype.
+      dot_general: a `jax.lax.dot_general` stand-in for the feed-forward block's first `nn.Dense`
+        (x [..., D] . kernel [D, I]); None for flax's own.
+      tied_logits: (x [..., D], table [V, D], bias [V], compute dtype) -> float32 [..., V],
+        x @ table^T + bias with x and table cast to the compute dtype.
+      dropout: a flax module class, called `dropout(rate)(x, deterministic=...)`: inverted dropout on
+        the "dropout" PRNG stream.
+      attention: None (the model's own attention), or (query [B, N, L, H] scaled, key, value,
+        segment_ids int32 [B, L]) -> context [B, N, L, H], attention within equal segment ids; with
+        `attention_dropout`, also called as (..., dropout_rate=rate, seed=uint32 [2]) in a training pass with
+        attention-probability dropout (`bert_jax.model.kernels.dropout.seeds` of the "dropout" stream).
+      attention_applies: None (`attention` takes every layer, and a training pass with attention dropout is
+        an error unless `attention_dropout`), or (compute dtype, head size H, length L, attention dropout
+        active) -> whether `attention` takes the layer; where not, the model's own attention (the reference path).
+      attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
+        `bert_jax.model.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
+    """
+
+    name: str
+    gelu: Callable
+    dot_general: Callable | None
+    tied_logits: Callable
+    dropout: Any
+    attention: Callable | None = None
+    attention_applies: Callable[[Any, int, int, bool], bool] | None = None
+    attention_dropout: bool = False
+
+
+# The mesh axes a kernel that runs per device (Pallas) splits the batch and the heads over (`bert_jax.training.sharding`'s
+# logical rules: "batch" -> ("data", "fsdp"), "heads" -> "tensor").
+BATCH_AXES = ("data", "fsdp")
+HEADS_AXIS = "tensor"

@@ -1,0 +1,373 @@
+"""Fused (flash) attention with attention-probability dropout drawn in the kernel, in Pallas for GPUs (Triton).
+
+  attention   context = dropout(softmax(q k^T + segment mask)) v per head, never writing the [L, L] scores
+              or probabilities to memory: an online-softmax forward that saves the row logsumexp, and a
+              `jax.custom_vjp` backward whose two kernels (dq; dk and dv) recompute the probabilities and
+              the same dropout mask from the saved logsumexp.
+
+Sources: Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
+(arXiv:2205.14135): the tiled online softmax of section 3.1 / algorithm 1, with the dropout of algorithm 2
+(appendix B.3) as the forward; the backward of algorithm 4 (appendix B.4): the mask regenerated, not stored,
+D_i = rowsum(dO_i * O_i) (here one jnp pass), dS = P * (dP - D). Dividing by the row sum once, at the end of
+the forward, is FlashAttention-2's (Dao 2023, arXiv:2307.08691, section 3.1.1).
+Dropout is inverted dropout (Srivastava et al. 2014, "Dropout: A Simple Way to Prevent Neural Networks from
+Overfitting", JMLR 15; scaled by 1 / keep probability while training so that evaluation needs no rescaling),
+applied to the normalised attention probabilities as in the BERT reference (attention_probs_dropout_prob).
+
+The dropout mask is a pure function of (two 32-bit seeds, the element's global index (b, n, q, k)): the
+counter hash of `bert_jax.model.kernels.dropout.keep_mask` for the probabilities' shape [B, N, L, L],
+  h = fmix32(fmix32(lead ^ s0) ^ (inner * 0x9E3779B9 + s1)),  lead = b * N + n,  inner = q * L + k,
+kept where (h >> 16) >= round(rate * 65536), the kept values scaled by 1 / (1 - round(rate * 65536) / 65536).
+It is computed in int32 two's-complement arithmetic (logical shifts, wrapping products), which has the
+uint32 formula's bits. So the mask is identical in the forward and the backward, does not depend on the block
+sizes, is the same under any split of the batch or heads (`lead_hashes`) and on resume, and equals
+`keep_mask(rng, (B, N, L, L), rate)` for `seed = seeds(rng)`: the reference path (softmax then
+`dropout.HashedDropout` with the same key) drops exactly the same probabilities.
+
+On a CPU the same kernels run in Pallas's interpreter (`interpret=True`, the tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from bert_jax.model.kernels import dropout as hashed
+
+Array = jax.Array
+
+MAX_HEAD_SIZE = 128
+DEFAULT_BLOCK = 64  # block_q = block_k, clipped to the length
+_MIN_GPU_BLOCK = 16  # Triton's dot needs M, N, K >= 16
+
+# The hash's uint32 constants as int32 bit patterns (the kernel computes in int32: see the module docstring).
+_GOLDEN = 0x9E3779B9 - (1 << 32)
+_FMIX_1 = 0x85EBCA6B - (1 << 32)
+_FMIX_2 = 0xC2B2AE35 - (1 << 32)
+_MASKED = float(jnp.finfo(jnp.float32).min)  # the score of a key in another segment
+
+
+seeds = hashed.seeds  # rng -> uint32 [2], the draw `bert_jax.model.kernels.dropout.keep_mask` makes from the same key
+
+
+def _fmix32(h: Array) -> Array:
+    """MurmurHash3's 32-bit finaliser on int32 bit patterns (= dropout._fmix32 on the same bits as uint32)."""
+    h = h ^ lax.shift_right_logical(h, jnp.int32(16))
+    h = h * jnp.int32(_FMIX_1)
+    h = h ^ lax.shift_right_logical(h, jnp.int32(13))
+    h = h * jnp.int32(_FMIX_2)
+    return h ^ lax.shift_right_logical(h, jnp.int32(16))
+
+
+def _as_int32(x: Array) -> Array:
+    x = jnp.asarray(x)
+    if x.dtype == jnp.int32:
+        return x
+    if x.dtype == jnp.uint32:
+        return lax.bitcast_convert_type(x, jnp.int32)
+    raise ValueError(f"seeds and lead hashes must be uint32 or int32, got {x.dtype}")
+
+
+def make_lead_hashes(seed: Array, batch: int, heads: int) -> Array:
+    """The per-(b, n) half of the dropout hash: int32 [batch, heads], fmix32((b * heads + n) ^ s0) as int32 bits,
+    for the global [batch, heads]. A caller that splits the batch or heads across devices (shard_map) computes
+    this for the global shape and passes each shard its slice (`attention(..., lead_hashes=...)`), so every
+    shard draws the mask of the unsplit call.
+
+    Args:
+      seed: uint32 (or int32) [2], `seeds(rng)`.
+    """
+    lead = jnp.arange(batch * heads, dtype=jnp.int32).reshape(batch, heads)
+    return _fmix32(lead ^ _as_int32(seed)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The compile-time settings of one call."""
+
+    block_q: int
+    block_k: int
+    threshold: int  # drop where (h >> 16) < threshold; 0: no dropout
+    interpret: bool
+    num_warps: int
+    num_stages: int
+
+    @property
+    def inv_keep(self) -> float:
+        return 1.0 / (1.0 - self.threshold / hashed.RESOLUTION)
+
+
+def _dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
+    """2-D a . b contracting a's axis `contract_a` with b's `contract_b`, float32 accumulation."""
+    return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _scores(q: Array, k: Array, seg_q: Array, seg_k: Array) -> Array:
+    """q [bq, H] . k [bk, H]^T -> float32 [bq, bk], keys of other segments at the float32 minimum."""
+    s = _dot(q, k, 1, 1)
+    return jnp.where(seg_q[:, None] == seg_k[None, :], s, _MASKED)
+
+
+def _keep(static: _Static, lead_hash: Array, s1: Array, q_start: Array, k_start: Array, length: int,
+          shape: tuple[int, int]) -> Array:
+    """The keep mask of the [bq, bk] tile at rows q_start.., columns k_start.. -> bool [bq, bk]."""
+    rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
+    inner = rows * jnp.int32(length) + cols
+    h = _fmix32(lead_hash ^ (inner * jnp.int32(_GOLDEN) + s1))
+    return lax.shift_right_logical(h, jnp.int32(16)) >= jnp.int32(static.threshold)
+
+
+def _forward_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static):
+    """One (b, n, query block): q_ref [bq, H], k_ref and v_ref [L, H], seg_ref int32 [L] -> o_ref [bq, H],
+    lse_ref float32 [bq] (log of the softmax's row sums, in the scores' units)."""
+    b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, length = static.block_q, static.block_k, k_ref.shape[0]
+    q_start = i * bq
+    q = q_ref[...]
+    seg_q = seg_ref[pl.ds(q_start, bq)]
+    if static.threshold:
+        lead_hash, s1 = lead_ref[b, n], seed_ref[1]
+
+    def body(j, carry):
+        acc, m, l = carry
+        k_start = j * bk
+        s = _scores(q, k_ref[pl.ds(k_start, bk), :], seg_q, seg_ref[pl.ds(k_start, bk)])
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[:, None])  # [bq, bk] float32, unnormalised
+        l = alpha * l + jnp.sum(p, axis=1)  # the softmax's denominator: before dropout
+        if static.threshold:
+            p = jnp.where(_keep(static, lead_hash, s1, q_start, k_start, length, (bq, bk)), p, 0.0)
+        v = v_ref[pl.ds(k_start, bk), :]
+        acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v, 1, 0)
+        return acc, m_new, l
+
+    acc0 = jnp.zeros((bq, q.shape[1]), jnp.float32)
+    m0 = jnp.full((bq,), -jnp.inf, jnp.float32)
+    acc, m, l = lax.fori_loop(0, length // bk, body, (acc0, m0, jnp.zeros((bq,), jnp.float32)))
+    scale = static.inv_keep if static.threshold else 1.0
+    o_ref[...] = (acc * (scale / l)[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log(l)
+
+
+def _probabilities(static, lead_hash, s1, q, k, v, do, seg_q, seg_k, lse, delta, q_start, k_start, length):
+    """One [bq, bk] tile of the backward (Dao et al. 2022, algorithm 4): P from the saved logsumexp, the
+    dropped-and-scaled probabilities P_d, and dS = P * (dP - D) with dP the gradient through the dropout."""
+    p = jnp.exp(_scores(q, k, seg_q, seg_k) - lse[:, None])  # [bq, bk], 0 across segments
+    dp = _dot(do, v, 1, 1)  # d(P_d) [bq, bk]
+    if static.threshold:
+        keep = _keep(static, lead_hash, s1, q_start, k_start, length, p.shape)
+        p_dropped = jnp.where(keep, p * static.inv_keep, 0.0)
+        dp = jnp.where(keep, dp * static.inv_keep, 0.0)
+    else:
+        p_dropped = p
+    return p_dropped, p * (dp - delta[:, None])
+
+
+def _dq_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               static: _Static):
+    """One (b, n, query block): q_ref, do_ref [bq, H], k_ref, v_ref [L, H], lse_ref, delta_ref float32 [bq]
+    -> dq_ref [bq, H] = sum over key blocks of dS K."""
+    b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, length = static.block_q, static.block_k, k_ref.shape[0]
+    q_start = i * bq
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    seg_q = seg_ref[pl.ds(q_start, bq)]
+    lead_hash, s1 = (lead_ref[b, n], seed_ref[1]) if static.threshold else (None, None)
+
+    def body(j, dq):
+        k_start = j * bk
+        k = k_ref[pl.ds(k_start, bk), :]
+        _, ds = _probabilities(static, lead_hash, s1, q, k, v_ref[pl.ds(k_start, bk), :], do, seg_q,
+                               seg_ref[pl.ds(k_start, bk)], lse, delta, q_start, k_start, length)
+        return dq + _dot(ds.astype(k.dtype), k, 1, 0)
+
+    dq = lax.fori_loop(0, length // bk, body, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _dkv_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                static: _Static):
+    """One (b, n, key block): k_ref, v_ref [bk, H], q_ref, do_ref [L, H], lse_ref, delta_ref float32 [L]
+    -> dk_ref = sum over query blocks of dS^T Q, dv_ref = sum of P_d^T dO, [bk, H] each."""
+    b, n, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, length = static.block_q, static.block_k, q_ref.shape[0]
+    k_start = j * bk
+    k, v = k_ref[...], v_ref[...]
+    seg_k = seg_ref[pl.ds(k_start, bk)]
+    lead_hash, s1 = (lead_ref[b, n], seed_ref[1]) if static.threshold else (None, None)
+
+    def body(i, carry):
+        dk, dv = carry
+        q_start = i * bq
+        rows = pl.ds(q_start, bq)
+        q, do = q_ref[rows, :], do_ref[rows, :]
+        p_dropped, ds = _probabilities(static, lead_hash, s1, q, k, v, do, seg_ref[rows], seg_k, lse_ref[rows],
+                                       delta_ref[rows], q_start, k_start, length)
+        return dk + _dot(ds.astype(q.dtype), q, 0, 0), dv + _dot(p_dropped.astype(do.dtype), do, 0, 0)
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, length // bq, body, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, name, *args):
+    return pl.pallas_call(
+        functools.partial(kernel, static=static), grid=grid, in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, interpret=static.interpret, name=name,
+        compiler_params=plgpu.CompilerParams(num_warps=static.num_warps, num_stages=static.num_stages),
+    )(*args)
+
+
+def _common_specs(batch: int, heads: int, length: int):
+    """BlockSpecs of lead hashes [B, N], seeds [2], segment ids [B, L] (whole rows), for a (b, n, block) grid."""
+    return [pl.BlockSpec((batch, heads), lambda b, n, i: (0, 0)),
+            pl.BlockSpec((2,), lambda b, n, i: (0,)),
+            pl.BlockSpec((None, length), lambda b, n, i: (b, 0))]
+
+
+def _forward(static: _Static, lead, seed, seg, q, k, v):
+    batch, heads, length, head = q.shape
+    tile = lambda rows: pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, i, 0))  # noqa: E731
+    whole = pl.BlockSpec((None, None, length, head), lambda b, n, i: (b, n, 0, 0))
+    return _call(_forward_kernel, static, (batch, heads, length // static.block_q),
+                 _common_specs(batch, heads, length) + [tile(static.block_q), whole, whole],
+                 [tile(static.block_q), pl.BlockSpec((None, None, static.block_q), lambda b, n, i: (b, n, i))],
+                 [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
+                 "flash_attention_forward", lead, seed, seg, q, k, v)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(static: _Static, lead, seed, seg, q, k, v):
+    return _forward(static, lead, seed, seg, q, k, v)[0]
+
+
+def _flash_fwd(static, lead, seed, seg, q, k, v):
+    o, lse = _forward(static, lead, seed, seg, q, k, v)
+    return o, (lead, seed, seg, q, k, v, o, lse)
+
+
+def _flash_bwd(static, residuals, do):
+    lead, seed, seg, q, k, v, o, lse = residuals
+    batch, heads, length, head = q.shape
+    do = do.astype(q.dtype)
+    # D_i = rowsum(dO_i * O_i) = rowsum(dP_d * P_d) (algorithm 4): one elementwise pass, float32.
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # [B, N, L]
+    common = _common_specs(batch, heads, length)
+    whole = pl.BlockSpec((None, None, length, head), lambda b, n, i: (b, n, 0, 0))
+    whole_row = pl.BlockSpec((None, None, length), lambda b, n, i: (b, n, 0))
+    tile = lambda rows: pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, i, 0))  # noqa: E731
+    tile_row = lambda rows: pl.BlockSpec((None, None, rows), lambda b, n, i: (b, n, i))  # noqa: E731
+    bq, bk = static.block_q, static.block_k
+    dq = _call(_dq_kernel, static, (batch, heads, length // bq),
+               common + [tile(bq), whole, whole, tile(bq), tile_row(bq), tile_row(bq)], tile(bq),
+               jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq",
+               lead, seed, seg, q, k, v, do, lse, delta)
+    dk, dv = _call(_dkv_kernel, static, (batch, heads, length // bk),
+                   common + [whole, tile(bk), tile(bk), whole, whole_row, whole_row], [tile(bk), tile(bk)],
+                   [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+                   "flash_attention_dkv", lead, seed, seg, q, k, v, do, lse, delta)
+    return None, None, None, dq, dk, dv
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _block(requested: int | None, length: int) -> int:
+    return min(DEFAULT_BLOCK if requested is None else requested, length)
+
+
+def check(dtype, head_size: int, length: int, dropout_rate: float = 0.0, block_q: int | None = None,
+          block_k: int | None = None, interpret: bool = False) -> str | None:
+    """Why `attention` would reject a layer (one line), or None where it takes it. On a GPU (interpret False)
+    the blocks must also be powers of two of at least 16 (Triton's tiles)."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)):
+        return f"flash attention takes bfloat16, float16 or float32, got {jnp.dtype(dtype)}"
+    if head_size % 8 or not 8 <= head_size <= MAX_HEAD_SIZE:
+        return f"flash attention needs a head size that is a multiple of 8 up to {MAX_HEAD_SIZE}, got {head_size}"
+    if not 0.0 <= dropout_rate < 1.0 or hashed.threshold(dropout_rate) >= hashed.RESOLUTION:
+        return f"flash attention needs dropout_rate in [0, 1), got {dropout_rate}"
+    for name, requested in (("block_q", block_q), ("block_k", block_k)):
+        block = _block(requested, length)
+        if block < 1 or length % block:
+            return f"flash attention needs a length divisible by {name}={block}, got {length}"
+        if not interpret and (block < _MIN_GPU_BLOCK or block & (block - 1)):
+            return (f"flash attention on a GPU needs {name} a power of two >= {_MIN_GPU_BLOCK}, got {block} "
+                    f"(length {length})")
+    return None
+
+
+def supported(dtype, head_size: int, length: int) -> bool:
+    """Whether `attention` with the default blocks takes a layer on a GPU (for `Kernels.attention_applies`)."""
+    return check(dtype, head_size, length) is None
+
+
+def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dropout_rate: float = 0.0,
+              seed: Array | None = None, lead_hashes: Array | None = None, block_q: int | None = None,
+              block_k: int | None = None, interpret: bool = False) -> Array:
+    """Fused attention with inverted dropout on the attention probabilities.
+
+    context = (keep / keep_prob * softmax(query key^T + mask)) value per (b, n), the softmax over the keys of
+    the query's segment, its statistics in float32.
+
+    Args:
+      query: [B, N, L, H] bfloat16, float16 or float32, already scaled by 1 / sqrt(H).
+      key, value: [B, N, L, H], query's dtype.
+      segment_ids: int [B, L]; query i attends to key j iff segment_ids[b, i] == segment_ids[b, j] (packed rows:
+        their segment ids; padded rows: attention_mask, real tokens one segment and padding another). Every
+        query sees at least itself, so no softmax row is empty.
+      dropout_rate: probability of dropping an attention probability, in [0, 1); drawn as
+        round(rate * 65536) / 65536, the kept ones scaled by 1 / keep_prob (`dropout.keep_mask`'s rule).
+      seed: uint32 [2] (`seeds(rng)`); needed when dropout_rate > 0, unread otherwise.
+      lead_hashes: int32 or uint32 [B, N], `make_lead_hashes(seed, B_global, N_global)[this shard]` when the call
+        sees a slice of the batch or heads (shard_map); None: this call's [B, N] is the global one.
+      block_q, block_k: query and key tile lengths (default 64, clipped to L); must divide L. Neither changes
+        the result beyond float rounding order, nor the dropout mask.
+      interpret: run in Pallas's interpreter (any backend; the CPU tests).
+
+    Returns:
+      context [B, N, L, H] in query's dtype.
+
+    Raises:
+      ValueError (one line): shapes that differ from [B, N, L, H] / [B, L], a head size that is not a
+        multiple of 8 in [8, 128], another dtype, a length not divisible by a block (or, on a GPU, a block
+        that is not a power of two >= 16), dropout_rate outside [0, 1), dropout without a seed.
+    """
+    if query.ndim != 4 or key.shape != query.shape or value.shape != query.shape:
+        raise ValueError(f"flash attention needs query, key, value of one shape [B, N, L, H], got "
+                         f"{query.shape}, {key.shape}, {value.shape}")
+    batch, heads, length, head = query.shape
+    if segment_ids.shape != (batch, length):
+        raise ValueError(f"flash attention needs segment_ids [B, L] = {(batch, length)}, got {segment_ids.shape}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"flash attention needs one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    problem = check(query.dtype, head, length, dropout_rate, block_q, block_k, interpret)
+    if problem:
+        raise ValueError(problem)
+    threshold = hashed.threshold(dropout_rate)
+    if threshold and seed is None:
+        raise ValueError(f"flash attention with dropout_rate={dropout_rate} needs a seed (seeds(rng))")
+    if threshold:
+        seed = _as_int32(seed).reshape(2)
+        lead = make_lead_hashes(seed, batch, heads) if lead_hashes is None else _as_int32(lead_hashes)
+        if lead.shape != (batch, heads):
+            raise ValueError(f"flash attention needs lead_hashes [B, N] = {(batch, heads)}, got {lead.shape}")
+    else:
+        seed, lead = jnp.zeros((2,), jnp.int32), jnp.zeros((batch, heads), jnp.int32)
+    # Triton tiles are powers of two and its dot needs K >= 16: pad the head (zeros change no q.k, and
+    # value's zero columns give context columns that are cut off).
+    padded = max(_MIN_GPU_BLOCK, 1 << (head - 1).bit_length())
+    pad = [(0, 0)] * 3 + [(0, padded - head)]
+    q, k, v = ((x if padded == head else jnp.pad(x, pad)) for x in (query, key, value))
+    static = _Static(block_q=_block(block_q, length), block_k=_block(block_k, length), threshold=threshold,
+                     interpret=interpret, num_warps=4 if padded <= 64 else 8, num_stages=2)
+    out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), q, k, v)
+    return out if padded == head else out[..., :head]

@@ -1,0 +1,94 @@
+"""The "gpu" kernel set: the reference forms with the hashed dropout, and fused attention where it applies.
+
+  dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
+              a hash of its index, instead of one threefry draw per element.
+  attention   softmax(q k^T + mask) v without writing the [L, L] scores to HBM, on per-token segment ids
+              (a token attends to the tokens of its segment): packed rows pass their `segment_ids`, unpadded
+              rows their attention_mask (real tokens one segment, padding another, whose outputs nothing reads).
+              - no attention-probability dropout in the pass (evaluation, or a recipe without it): cuDNN's fused
+                attention, `jax.nn.dot_product_attention(..., implementation="cudnn")`, with a boolean
+                [B, 1, L, L] mask;
+              - with it (training at the paper's attention_probs_dropout_prob=0.1): the Pallas flash attention of
+                `bert_jax.model.kernels.flash_gpu`, which draws the same mask as the reference path's hashed dropout
+                inside the kernel, per device under `jax.shard_map` over the batch and heads axes.
+
+`applies` says where a kernel takes a layer: bfloat16 / float16, a head size that is a multiple of 8 and at
+most 128; without dropout an even length (cuDNN's `check_is_flash_attention`), with dropout a length divisible
+by flash_gpu's block (64, or the length itself when a power of two of at least 16). Elsewhere (float32, a head
+size of 4) the model computes its own attention, the reference path. `model.kernels="auto"` resolves to this
+set when compiling for a GPU.
+
+On a CPU neither cuDNN nor Triton exists: the tests run the same functions with `IMPLEMENTATION` set to "xla"
+(jax's own lowering of the cuDNN call) and `INTERPRET` True (Pallas's interpreter), against the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jax.sharding import PartitionSpec as P
+
+from bert_jax.model.kernels import dropout, flash_gpu, reference
+from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
+
+IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
+INTERPRET = False  # flash_gpu in Pallas's interpreter: True in CPU tests
+MAX_HEAD_SIZE = 128  # cuDNN's bound before Hopper (256 from Hopper on): the portable one
+
+
+def applies(dtype, head_size: int, length: int, dropout: bool) -> bool:
+    """Whether a fused kernel takes a layer computed in `dtype` with heads of `head_size` over `length` tokens;
+    `dropout`: attention-probability dropout is active (a training pass with attention_probs_dropout_prob > 0):
+    flash_gpu then, cuDNN otherwise."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    if dropout:
+        return flash_gpu.supported(dtype, head_size, length)
+    return head_size % 8 == 0 and head_size <= MAX_HEAD_SIZE and length % 2 == 0
+
+
+def _flash(query, key, value, segment_ids, dropout_rate: float, seed: jax.Array) -> jax.Array:
+    """flash_gpu's attention, per device under shard_map where a mesh splits the batch or heads; each device
+    draws its slice of the global [B, N, L, L] mask (`flash_gpu.make_lead_hashes` of the global shape)."""
+    batch, heads = query.shape[:2]
+    lead = flash_gpu.make_lead_hashes(seed, batch, heads)  # int32 [B, N]
+
+    def local(q, k, v, s, lead_hashes, seed):
+        return flash_gpu.attention(q, k, v, s, dropout_rate=dropout_rate, seed=seed, lead_hashes=lead_hashes,
+                                   interpret=INTERPRET)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES + (HEADS_AXIS,)) <= set(mesh.axis_names):
+        return local(query, key, value, segment_ids, lead, seed)
+    qkv = P(BATCH_AXES, HEADS_AXIS, None, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, P(BATCH_AXES, None), P(BATCH_AXES, HEADS_AXIS),
+                                                     P()),
+                         out_specs=qkv, check_vma=False)(query, key, value, segment_ids, lead, seed)
+
+
+def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array,
+              dropout_rate: float = 0.0, seed: jax.Array | None = None) -> jax.Array:
+    """query (already scaled by 1/sqrt(H)), key, value [B, N, L, H] in the compute dtype; segment_ids int32
+    [B, L] -> context [B, N, L, H]: softmax(q k^T) v over the keys of the query's segment; with dropout_rate > 0,
+    inverted dropout on the probabilities with the mask `dropout.keep_mask` draws from seed uint32 [2]
+    (flash_gpu). `IMPLEMENTATION` and `INTERPRET` are read at trace time.
+
+    Raises:
+      ValueError: dropout_rate > 0 without a seed, or a layer flash_gpu does not take (see `applies`).
+    """
+    segment_ids = segment_ids.astype(jnp.int32)
+    if dropout_rate > 0:
+        if seed is None:
+            raise ValueError(f"gpu attention with dropout_rate={dropout_rate} needs a seed")
+        return _flash(query, key, value, segment_ids, dropout_rate, seed)
+    mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]  # [B, 1, L, L]
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # [B, L, N, H]
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation=IMPLEMENTATION)
+    return jnp.swapaxes(out, 1, 2)
+
+
+KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
+                              attention_applies=applies, attention_dropout=True)

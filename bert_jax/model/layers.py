@@ -1,0 +1,89 @@
+"""The building blocks of `bert_jax.model.modeling` and `bert_jax.model.heads`: parameters with logical axis names,
+the original's initialiser, dense and LayerNorm layers, dropout, the activation, the row gather, and the
+kernel set of a config (`bert_jax.model.kernels`).
+
+Every parameter made here carries logical axis names (`nn.with_logical_partitioning`), mapped to mesh
+axes only by `bert_jax.training.sharding`; parameters are stored in config.param_dtype and computed in config.dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model import kernels
+from bert_jax.model.bert_config import ACTIVATIONS, BertConfig
+
+Array = jax.Array
+
+
+def kernel_set(config: BertConfig) -> kernels.Kernels:
+    """The operations of config.kernels on the default backend (`bert_jax.model.kernels.get`).
+
+    Raises:
+      ValueError: an unknown kernel set name.
+    """
+    return kernels.get(config.kernels)
+
+
+def activation(config: BertConfig) -> Callable[[Array], Array]:
+    """config.hidden_act as a function of any array (same shape and dtype); "gelu" is the kernel set's
+    exact GELU."""
+    return ACTIVATIONS[config.hidden_act] or kernel_set(config).gelu
+
+
+def initializer(config: BertConfig) -> Callable:
+    """The original's tf.truncated_normal_initializer(stddev=initializer_range): cut at 2 stddev, no
+    variance correction (as jax.nn.initializers.truncated_normal)."""
+    return jax.nn.initializers.truncated_normal(stddev=config.initializer_range)
+
+
+def param(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...], axes: tuple[str, ...]) -> Array:
+    """Creates the parameter `name` of `module` (which has a `config`) with logical axis names `axes`, in
+    config.param_dtype."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape,
+                        jnp.dtype(module.config.param_dtype))
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str | None = None,
+          dot_general=None) -> nn.Dense:
+    """A flax Dense layer: kernel [D_in, features] initialised as the original (`initializer`) on logical
+    `axes`, the bias [features] on the second, computed in config.dtype, stored in config.param_dtype.
+    dot_general: a kernel set's (None: flax's)."""
+    return nn.Dense(features, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+                    kernel_init=nn.with_logical_partitioning(initializer(config), axes),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+                    dot_general=dot_general, name=name)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.Module:
+    """flax's LayerNorm with the exact two-pass variance (as torch.nn.LayerNorm and the original's
+    tf.contrib LayerNorm), float32 statistics, parameters `scale` / `bias` [D] on logical axis `embed`."""
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=jnp.dtype(config.dtype),
+                        param_dtype=jnp.dtype(config.param_dtype), use_fast_variance=False,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name=name)
+
+
+def dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> Array:
+    """The kernel set's dropout of `rate` on x (any shape and dtype, kept); identity when deterministic.
+    Inside a module only (it creates a flax submodule); needs the "dropout" PRNG stream otherwise."""
+    return kernel_set(config).dropout(rate)(x, deterministic=deterministic)
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+    """sequence [B, L, ...], positions int32 [B, P] -> [B, P, ...] (the original's gather_indexes).
+
+    The dtype of `sequence` is kept. Position values are not checked and never raise: with
+    `jnp.take_along_axis`'s default "fill" mode a position in [-L, 0) counts from the end, and one
+    >= L or < -L gives a NaN row (the dtype's minimum for an integer sequence).
+
+    Raises:
+      IndexError: 1-D positions.
+      ValueError: a batch size of positions that neither equals nor broadcasts to B.
+    """
+    index = positions[(slice(None), slice(None)) + (None,) * (sequence.ndim - 2)].astype(jnp.int32)
+    return jnp.take_along_axis(sequence, index, axis=1)

@@ -1,0 +1,195 @@
+"""The training loop of every job (pre-training and each fine-tuning task): steps with periodic actions.
+
+`Runner.run(state, batches)` takes (jitted step, global batch) pairs until `final_step` and, after each
+step, does what is due at it, in this order:
+
+  check       each step's loss and gradient norm, one step late (the next step is dispatched first, so
+              the device never waits on the host; at most one step in flight), and before any log,
+              evaluation or checkpoint: a non-finite value raises `FloatingPointError` naming the step
+              (the step index s the state had when it started, whose dropout key is fold_in(rng, s)).
+  log         every `log_every` steps and at the last: the step's metrics as floats and the `steps.Lap`
+              of the window since the last log, handed to the job's `log`.
+  evaluate    every `eval_every` steps and at the last (when the job has one), out of the timed window.
+  checkpoint  every `checkpoint_every` steps, at the last and on preemption (when the job has one), once
+              per step, out of the timed window; a preempted run stops after it.
+  progress    a progress bar on the first process, with the postfix `log` returns, and the model FLOPs
+              utilisation where the job's `log` put one in the values ("mfu": pre-training, on a device whose
+              peak it knows), as a percentage.
+
+The window's timer (`steps.Chrono`) restarts after a step that compiled (the first of the run, or of a
+phase: `recompiling()`), unless that step is logged.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+
+from bert_jax.training import steps, summaries
+
+Metrics = Mapping[str, jax.Array]
+
+
+class Preemption:
+    """SIGTERM -> `requested`, a flag checked at step boundaries, in a single-process run (a context
+    manager: the handler is installed on entry and the previous one put back on exit).
+
+    With several processes the handler is left to JAX: `jax.distributed.initialize` installs the
+    preemption notifier that Orbax's `reached_preemption` consults, and a Python handler would replace it.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        self._installed = False
+
+    def __enter__(self) -> "Preemption":
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+
+
+def check_finite(step: int, metrics: Mapping[str, Any], checkpointed: bool = False) -> None:
+    """FloatingPointError naming `step` when metrics["loss"] or metrics["grad_norm"] (scalars, on device or
+    host) is not finite; `checkpointed`: the message says the last checkpoint is kept."""
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        kept = "; the last checkpoint is kept" if checkpointed else ""
+        raise FloatingPointError(f"non-finite loss {loss} (gradient norm {grad_norm}) at step {step}{kept}")
+
+
+def with_mfu(postfix: Mapping[str, str], values: Mapping[str, float]) -> dict[str, str]:
+    """The progress bar's postfix with values["mfu"] (a fraction of the peak) as a percentage, where there is
+    one and the job's postfix has none."""
+    postfix = dict(postfix)
+    if values.get("mfu") is not None and "mfu" not in postfix:
+        postfix["mfu"] = f"{100 * values['mfu']:.1f}%"
+    return postfix
+
+
+class Runner:
+    """Runs steps `step` + 1 ... `final_step` (counted as the state's step after each) with the periodic
+    actions of the module docstring.
+
+    Args:
+      step: the step the run starts at (the restored state's step, 0 when fresh).
+      final_step: the step to stop at.
+      desc: the progress bar's label.
+      log_every: >= 1.
+      log: (step, {name: float} of the step's metrics, Lap of the window) -> the progress bar's postfix
+        ({name: str}); the job writes its summaries here, and may add the window's throughput to the values
+        (a float "mfu" is then shown too, e.g. "mfu=41.3%").
+      evaluate: (step, state) -> None, every eval_every (>= 1) steps and at the last; None: never.
+      save: (step, state) -> None, every checkpoint_every (>= 1) steps, at the last and on preemption;
+        None: never. `checkpointed`: a step whose checkpoint exists (a resumed run's), not saved again.
+      preempted: step -> whether to checkpoint and stop now (every process must agree); None: never.
+
+    Attributes:
+      step: the steps taken so far (the state's step).
+      state: the current state (after `run`, the final one).
+      stopped_by_preemption: `run` stopped at a preemption checkpoint.
+    """
+
+    def __init__(self, step: int, final_step: int, *, desc: str, log_every: int,
+                 log: Callable[[int, dict[str, float], steps.Lap], Mapping[str, str]],
+                 eval_every: int = 0, evaluate: Callable[[int, Any], None] | None = None,
+                 checkpoint_every: int = 0, save: Callable[[int, Any], None] | None = None,
+                 checkpointed: int | None = None, preempted: Callable[[int], bool] | None = None):
+        self.step, self.final_step = step, final_step
+        self.log_every, self.log = log_every, log
+        self.eval_every, self.evaluate = eval_every, evaluate
+        self.checkpoint_every, self.save = checkpoint_every, save
+        self.preempted = preempted
+        self.saved = {checkpointed}
+        self.state = None
+        self.stopped_by_preemption = False
+        self.timer = steps.Chrono()
+        self.progress = summaries.progress_bar(step, final_step, jax.process_index() == 0, desc)
+        self._compiling_step = step + 1
+        self._pending: tuple[int, Metrics] | None = None  # the last step's metrics, not yet checked
+
+    def due(self, every: int) -> bool:
+        """Whether an action every `every` steps is due now (always at the final step)."""
+        return self.step == self.final_step or self.step % every == 0
+
+    def recompiling(self) -> None:
+        """The next step compiles (new batch shapes): its time is left out of the throughput."""
+        self._compiling_step = self.step + 1
+
+    def run(self, state: Any, batches: Iterable[tuple[Callable, Any]]) -> Any:
+        """Steps through `batches` ((step function (state, batch) -> (state, metrics), global batch) pairs,
+        drawn one per step; they may call `checkpoint` before yielding, e.g. at a phase switch) until
+        final_step, a preemption checkpoint, or their end; every step's metrics checked. Returns the
+        final state.
+
+        Raises:
+          FloatingPointError: a non-finite loss or gradient norm, naming the step, before anything
+            (log, evaluation, checkpoint) happens to a state it produced.
+        """
+        self.state = state
+        if self.step >= self.final_step:
+            return state
+        for step_fn, batch in batches:
+            self.state, metrics = step_fn(self.state, batch)
+            self.check()  # the previous step's
+            self._pending = (self.step, metrics)
+            self.step += 1
+            self.timer.tick()
+            self.progress.update(1)
+            if self.step == self._compiling_step and not self.due(self.log_every):
+                self.timer.restart(wait_for=self.state)  # the step compiled: time from here
+            if self._after_step():
+                print(f"SIGTERM: checkpoint saved at step {self.step}, exiting", file=sys.stderr, flush=True)
+                self.stopped_by_preemption = True
+                break
+            if self.step >= self.final_step:
+                break
+        self.check()
+        return self.state
+
+    def check(self) -> None:
+        """Checks the last step's metrics if not yet done (`check_finite`)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            check_finite(*pending, checkpointed=self.save is not None)
+
+    def checkpoint(self) -> None:
+        """Saves the current state (once per step) after checking every step so far, out of the timed window."""
+        self.check()
+        if self.save is None or self.step in self.saved:
+            return
+        with self.timer.paused(wait_for=self.state):
+            self.save(self.step, self.state)
+        self.saved.add(self.step)
+
+    def _after_step(self) -> bool:
+        """The actions due at this step; True when preempted (checkpointed: stop)."""
+        if self.due(self.log_every):
+            step, metrics = self._pending
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            self._pending = None
+            check_finite(step, values, checkpointed=self.save is not None)
+            self.progress.set_postfix(**with_mfu(self.log(self.step, values, self.timer.lap()), values))
+        if self.evaluate is not None and self.due(self.eval_every):
+            self.check()
+            with self.timer.paused(wait_for=self.state):
+                self.evaluate(self.step, self.state)
+        preempted = self.preempted is not None and self.preempted(self.step)
+        if preempted or (self.save is not None and self.due(self.checkpoint_every)):
+            self.checkpoint()
+        return preempted
+
+    def close(self) -> None:
+        self.progress.close()
