@@ -267,3 +267,34 @@ def test_make_test_without_network_says_what_to_set(tmp_path):
     assert "set BERT_JAX_DATA to a folder with the shared data, or rerun with a network" in lines[0]
     assert len(lines) <= 2 and (len(lines) == 1 or lines[1].startswith("make: ***")), result.stderr  # make's own
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["Makefile", "constraints.txt", "pyproject.toml", "setup.cfg"]
+
+
+def _tfds_checksums() -> dict[str, str]:
+    """URL -> sha256 from the url checksum files TFDS ships (squad, glue): an independent record of the
+    official files' hashes."""
+    import tensorflow_datasets
+
+    home = pathlib.Path(tensorflow_datasets.__file__).parent
+    table = {}
+    for path in (home / "datasets" / "squad" / "checksums.tsv", home / "url_checksums" / "glue.txt"):
+        for line in path.read_text().splitlines():
+            fields = line.split("\t") if "\t" in line else line.split()
+            if len(fields) >= 3 and fields[0].startswith("http"):
+                table[fields[0]] = fields[2]
+    return table
+
+
+def test_official_hashes_agree_with_tfds():
+    """The sha256 table's entries for files TFDS also downloads equal TFDS's own checksums of the same URLs,
+    among them the six the test mirror cannot rebuild from the shared copies (`mirror`'s `replaced`): those
+    are checked here against a record made from the official homes, not against the mirror."""
+    tfds = _tfds_checksums()
+    checked = {}
+    for dataset in ("squad", "glue"):
+        for source in download.sources(dataset, "all") if dataset == "squad" else download.sources(dataset):
+            if source.url in tfds and source.name in download.SHA256:
+                checked[source.name] = (download.SHA256[source.name], tfds[source.url])
+    assert {"squad/train-v1.1.json", "squad/train-v2.0.json", "squad/dev-v2.0.json", "squad/dev-v1.1.json",
+            "glue/SST-2.zip", "glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/msr_paraphrase_test.txt"} <= set(checked)
+    differ = {name: pair for name, pair in checked.items() if pair[0] != pair[1]}
+    assert not differ, differ
