@@ -115,7 +115,7 @@ def read_squad_examples(path: str, *, is_training: bool, stats: ReadStats | None
                         continue
                     if answers:
                         text, start = answers[0]
-                        if not text.strip() or context[start:start + len(text)] != text:
+                        if start < 0 or not text.strip() or context[start:start + len(text)] != text:
                             stats.answer_mismatch += 1
                             continue
                         answers = answers[:1]

@@ -31,7 +31,9 @@ def read_metadata(path: str) -> dict:
     """metadata.json of a create_pretraining_data output directory (static instances, or tokenized documents),
     with the fields its readers use checked present and of the right type: shards (file names), and
     num_instances and flags.max_seq_length / max_predictions_per_seq (instances), or shard_documents (one
-    count per shard) and num_documents, their sum (documents).
+    count per shard) and num_documents, their sum (documents); where present, vocab_size and num_tokens
+    (counts), do_lower_case (a bool) and the instances' masking flags (masked_lm_prob and short_seq_prob
+    probabilities, do_whole_word_mask a bool).
 
     Raises:
       FileNotFoundError: no metadata.json (the output is incomplete).
@@ -52,8 +54,15 @@ def read_metadata(path: str) -> dict:
     def count(v):
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
-    if "vocab_size" in metadata:
-        check(metadata, "vocab_size", count, "a count")
+    def probability(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+    for name, ok, want in (("vocab_size", count, "a count"), ("num_tokens", count, "a count"),
+                           ("do_lower_case", lambda v: isinstance(v, bool), "true or false")):
+        if name in metadata:
+            check(metadata, name, ok, want)
+    if "kind" in metadata:  # static instances carry none
+        check(metadata, "kind", lambda v: v == DOCUMENTS_KIND, f'"{DOCUMENTS_KIND}" (static instances have no kind)')
     check(metadata, "shards", lambda v: isinstance(v, list) and v and all(
         isinstance(s, str) and s and os.path.basename(s) == s for s in v), "a list of shard file names")
     if is_documents(metadata):
@@ -66,6 +75,11 @@ def read_metadata(path: str) -> dict:
         check(metadata, "flags", lambda v: isinstance(v, dict), "an object")
         check(metadata["flags"], "max_seq_length", lambda v: count(v) and v >= 2, "a length of 2 or more")
         check(metadata["flags"], "max_predictions_per_seq", count, "a count")
+        for name, ok, want in (("masked_lm_prob", probability, "a probability"),
+                               ("short_seq_prob", probability, "a probability"),
+                               ("do_whole_word_mask", lambda v: isinstance(v, bool), "true or false")):
+            if name in metadata["flags"]:
+                check(metadata["flags"], name, ok, want)
     return metadata
 
 
