@@ -25,7 +25,7 @@ import pytest
 
 from conftest import FAST_COMPILE, ROOT
 from test_continued_pretraining import assert_pretraining_export_matches
-from test_demo import DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
+from test_demo import DEMO_SST2_SENTENCES, DEMO_TOTAL_STEPS, assert_whole_pipeline, small_task_folders
 
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(\S.*?)\s*-->$")
@@ -64,12 +64,10 @@ SMALL = (
     Rule(r"python -m bert_jax\.aot\b", substitute=((r"pretrain:(base|large)\b", "pretrain:tiny"),),
          append="--config.phases[0].batch_size=128 --config.phases[1].batch_size=128 --config.total_steps=1000 "
                 "--config.model.num_hidden_layers=1 --config.model.vocab_size=4096"),
-    # the whole pipeline, checked by tests/test_demo.py's `assert_whole_pipeline`
-    # (the random-init baselines are the same fine-tuning commands without init_checkpoint: the summary's
-    # comparison line is tests/test_demo.py's)
-    Rule(r"python -m bert_jax\.demo\b", append=f"--total_steps={DEMO_TOTAL_STEPS} --sst2_train_examples=64 "
-                                                 "--squad_train_examples=64 --squad_eval_examples=16 "
-                                                 "--norandom_baseline"),
+    # the whole pipeline, random-init stages included, checked by tests/test_demo.py's `assert_whole_pipeline`
+    Rule(r"python -m bert_jax\.demo\b", append=f"--total_steps={DEMO_TOTAL_STEPS} "
+                                                 f"--sst2_train_examples={DEMO_SST2_SENTENCES} "
+                                                 "--squad_train_examples=64 --squad_eval_examples=16"),
     Rule(r"python -m bert_jax\.tasks\.glue\b", append="--config.max_train_examples=32 --config.num_train_epochs=1 "
                                                      "--config.train_batch_size=16 --config.max_seq_length=64"),
     Rule(r"python -m bert_jax\.tasks\.squad\b",
@@ -293,7 +291,7 @@ def tiny_hf_bert(out: pathlib.Path, vocab_file: pathlib.Path) -> pathlib.Path:
 def make_doc_env(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     """The placeholders' values (files under `root`) and the environment of a documented command."""
     data = root / "data"
-    small_task_folders(data_dir, data)  # SQuAD: 3 training articles and 1 dev article; SST-2: 2000 and 200 sentences
+    small_task_folders(data_dir, data)  # SQuAD: 3 training articles and 1 dev article; SST-2: 2000 and 872 sentences
     (data / "glue" / "MRPC").mkdir()
     for name in ("train.tsv", "dev.tsv"):  # MRPC: the header and 200 (train) or 100 (dev) examples
         head = (data_dir / "glue" / "MRPC" / name).read_text(encoding="utf-8").splitlines(keepends=True)
