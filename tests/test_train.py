@@ -79,11 +79,11 @@ def single_device_run(small_instances):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 8)], ids=["2x2x2", "tensor8"])
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 8), (8, 1, 1)], ids=["2x2x2", "tensor8", "data8"])
 def test_meshes_match_a_single_device(shape, instances, single_device_run, optimized_programs):
-    """STEPS steps on a mesh of every axis (data, fsdp and tensor 2 each) and of tensor parallelism alone give
-    the single-device losses; the state is laid out as written by hand. (Data parallelism alone: the multi-host
-    runs of tests/test_multihost.py, data=4 over one and two processes.)"""
+    """STEPS steps on a mesh of every axis (data, fsdp and tensor 2 each), of tensor parallelism alone and of
+    data parallelism alone (the launchers' default mesh, data = all 8 devices) give the single-device losses;
+    the state is laid out as written by hand."""
     assert jax.device_count() == 8
     _, _, reference = single_device_run
     state, shardings, losses = _run_steps(_config(instances), sharding.make_mesh(*shape), STEPS)
