@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, write_text_tfds
 from test_bad_input import check_refused
 from test_remote_data import _same_directory, s3  # s3: the fake object store fixture
 
@@ -160,25 +160,11 @@ def test_static_instances_at_a_uri(s3, data_dir, tokenizer, tmp_path):
 
 def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
     """A TFDS text dataset (prepared offline) read by parts of two examples: the documents of one read."""
-    import tensorflow_datasets as tfds
-
     paragraphs = [p for p in (data_dir / "corpus" / "bert_sample_text.txt").read_text().split("\n\n") if p.strip()]
-
-    class BeamSampleCorpus(tfds.core.GeneratorBasedBuilder):  # a name no other test registers
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples()}
-
-        def _generate_examples(self):
-            for i, p in enumerate(paragraphs * 2):
-                yield i, {"text": " ".join(p.split("\n")) if i % 4 != 1 else "\u200b"}  # one without a token
-
+    # Each paragraph on one line, twice; every fourth example a zero-width space alone (no token).
+    texts = [" ".join(p.split("\n")) if i % 4 != 1 else "\u200b" for i, p in enumerate(paragraphs * 2)]
     tfds_dir = str(tmp_path / "tfds")
-    BeamSampleCorpus(data_dir=tfds_dir, file_format="array_record").download_and_prepare()
+    write_text_tfds("beam_sample_corpus", texts, tfds_dir)
     stats = corpus.ReadStats()
     document_shards.tokenize_documents(corpus.read_tfds_documents("beam_sample_corpus", "train", "text", tfds_dir, stats),
                                        tokenizer, str(tmp_path / "local"), num_shards=2, read_stats=stats,

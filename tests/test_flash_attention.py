@@ -1,5 +1,5 @@
 """`bert_jax.model.kernels.flash_gpu`: the fused attention with in-kernel dropout, run in Pallas's interpreter on the CPU,
-against an independent reference in plain jnp (softmax(q k^T + segment mask), the probabilities dropped with
+against `flash_gpu.reference_attention`, plain jnp (softmax(q k^T + segment mask), the probabilities dropped with
 `bert_jax.model.kernels.dropout.keep_mask` of the same key, then @ v), in value and gradient, float32 and bfloat16,
 with and without dropout, on a padded row (attention_mask as segment ids) and a packed row (three segments and
 padding) in one batch. Then the mask itself (recovered through an identity value: exactly keep_mask's, keeps
@@ -23,18 +23,6 @@ B, N, L, H = 2, 2, 64, 32
 SEGMENTS = np.array([[1] * 50 + [0] * 14, [1] * 10 + [2] * 30 + [3] * 17 + [0] * 7], np.int32)
 
 
-def reference(q, k, v, segment_ids, rate, rng):
-    """softmax(q k^T + mask) in float32, inverted dropout with keep_mask's mask (HashedDropout's arithmetic),
-    cast to the input dtype, @ v."""
-    scores = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
-    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-    probs = jax.nn.softmax(scores + jnp.where(same, 0.0, jnp.finfo(jnp.float32).min), axis=-1)
-    if rate:
-        keep, keep_prob = dropout.keep_mask(rng, probs.shape, rate)
-        probs = jnp.where(keep, probs * jnp.float32(1.0 / keep_prob), 0.0)
-    return jnp.einsum("bnqk,bnkh->bnqh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
-
-
 def _inputs(dtype, head=H, length=L, key=0):
     kq, kk, kv, kw = jax.random.split(jax.random.key(key), 4)
     q = jax.random.normal(kq, (B, N, length, head)) / np.sqrt(head)
@@ -48,7 +36,7 @@ def _value_and_grads(q, k, v, weight, segment_ids, rng, rate, block_q, block_k):
     """(value, dq, dk, dv) of the kernel and of the reference for loss = sum(out * weight)."""
     kernel = functools.partial(flash_gpu.attention, segment_ids=segment_ids, dropout_rate=rate,
                                seed=flash_gpu.seeds(rng), block_q=block_q, block_k=block_k, interpret=True)
-    plain = functools.partial(reference, segment_ids=segment_ids, rate=rate, rng=rng)
+    plain = functools.partial(flash_gpu.reference_attention, segment_ids=segment_ids, dropout_rate=rate, rng=rng)
     results = []
     for f in (kernel, plain):
         out, vjp = jax.vjp(f, q, k, v)

@@ -17,6 +17,8 @@ import unicodedata
 
 import pytest
 
+from conftest import write_text_tfds
+
 from bert_jax.data.tokenization import SPECIAL_TOKENS, Tokenizer
 from bert_jax.data.vocab import train_vocab
 
@@ -166,31 +168,15 @@ TFDS_ARTICLES = 20  # WikiText-2 valid articles in the local TFDS dataset
 
 @pytest.fixture(scope="module")
 def wikitext_tfds(tmp_path_factory, data_dir):
-    """A TFDS text dataset prepared offline (ArrayRecord, as tests/test_pretraining.py's): the first
+    """A TFDS text dataset prepared offline (`conftest.write_text_tfds`): the first
     TFDS_ARTICLES WikiText-2 valid articles, one example each, its sentences one a line in feature "text";
     and the same sentences written as a file (one a line, a blank line between articles)."""
-    import tensorflow_datasets as tfds
-
     from bert_jax.data import corpus
 
     articles = list(corpus.read_wikitext_documents([str(data_dir / "corpus/wikitext-2/valid.txt")],
                                                    corpus.ReadStats()))[:TFDS_ARTICLES]
-
-    class VocabWikitextSample(tfds.core.GeneratorBasedBuilder):  # a name no other test registers
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples()}
-
-        def _generate_examples(self):
-            for i, sentences in enumerate(articles):
-                yield i, {"text": "\n".join(sentences)}
-
     root = tmp_path_factory.mktemp("vocab_tfds")
-    VocabWikitextSample(data_dir=str(root / "tfds"), file_format="array_record").download_and_prepare()
+    write_text_tfds("vocab_wikitext_sample", ("\n".join(sentences) for sentences in articles), root / "tfds")
     text_file = root / "articles.txt"
     text_file.write_text("".join("\n".join(s) + "\n\n" for s in articles), encoding="utf-8")
     return "vocab_wikitext_sample", str(root / "tfds"), text_file, sum(len(s) for s in articles)

@@ -4,6 +4,9 @@
               or probabilities to memory: an online-softmax forward that saves the row logsumexp, and a
               `jax.custom_vjp` backward whose two kernels (dq; dk and dv) recompute the probabilities and
               the same dropout mask from the saved logsumexp.
+  reference_attention
+              the same result in plain jnp, the probabilities written out: the truth `attention` is checked
+              against (tests, `benchmarks/device_check.py --gpu_tests`).
 
 Sources: Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
 (arXiv:2205.14135): the tiled online softmax of section 3.1 / algorithm 1, with the dropout of algorithm 2
@@ -371,3 +374,31 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
                      interpret=interpret, num_warps=4 if padded <= 64 else 8, num_stages=2)
     out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), q, k, v)
     return out if padded == head else out[..., :head]
+
+
+def reference_attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dropout_rate: float = 0.0,
+                        rng: Array | None = None) -> Array:
+    """What `attention` computes, in plain jnp, as the truth it is checked against (tests/test_flash_attention.py,
+    `benchmarks/device_check.py --gpu_tests`): softmax(query key^T + segment mask) in float32, inverted dropout
+    with `dropout.keep_mask(rng, (B, N, L, L), dropout_rate)`'s mask (`dropout.HashedDropout`'s arithmetic; the
+    mask `attention` draws for `seed = seeds(rng)`), the probabilities cast to value's dtype, @ value with float32
+    accumulation. Writes the [B, N, L, L] probabilities: for checks, not training.
+
+    Args:
+      query: [B, N, L, H], already scaled by 1 / sqrt(H).
+      key, value: [B, N, L, H].
+      segment_ids: int [B, L], as `attention`'s.
+      dropout_rate: in [0, 1); 0 draws no mask.
+      rng: a PRNG key; read only when dropout_rate > 0.
+
+    Returns:
+      context [B, N, L, H] in value's dtype.
+    """
+    scores = jnp.einsum("bnqh,bnkh->bnqk", query, key, preferred_element_type=jnp.float32)
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    probs = jax.nn.softmax(scores + jnp.where(same, 0.0, _MASKED), axis=-1)
+    if dropout_rate:
+        keep, keep_prob = hashed.keep_mask(rng, probs.shape, dropout_rate)
+        probs = jnp.where(keep, probs * jnp.float32(1.0 / keep_prob), 0.0)
+    return jnp.einsum("bnqk,bnkh->bnqh", probs.astype(value.dtype), value,
+                      preferred_element_type=jnp.float32).astype(value.dtype)

@@ -1,0 +1,132 @@
+"""The device check's kernel checks (`benchmarks/device_check.py --gpu_tests`): the gpu set's fused attention
+kernels against `flash_gpu.reference_attention` (plain jnp), value and gradients (d query, d key, d value), at
+BERT's shapes in bfloat16 (H = 64, L = 128 and 512): flash_gpu with and without its in-kernel dropout (not
+interpreted), cuDNN's attention without dropout; max errors relative to the largest entry (tests/
+test_flash_attention.py's measure, bound 2e-2), then on a GPU the fwd+bwd time of each against the plain form at
+BERT-Large's shapes. On a CPU: Pallas's interpreter and XLA's lowering of the cuDNN call, small shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+import time
+import traceback
+
+import jax
+import numpy as np
+
+from device_check_report import Report, say
+
+
+def _segments(batch: int, length: int) -> np.ndarray:
+    """int32 [batch, length]: row 0 padded (80% real tokens: segment 1, then padding: 0), row 1 packed (segments
+    1, 2, 3 and padding), the rest one full segment."""
+    seg = np.ones((batch, length), np.int32)
+    seg[0, int(0.8 * length):] = 0
+    if batch > 1:
+        e = length // 8
+        seg[1] = [1] * e + [2] * 3 * e + [3] * 3 * e + [0] * (length - 7 * e)
+    return seg
+
+
+def kernel_checks(report: Report) -> bool:
+    """The gpu set's fused attention kernels against `flash_gpu.reference_attention`, value and gradients,
+    bfloat16, and on a GPU their fwd+bwd times at BERT-Large's shapes (`report.kernel_checks`). Prints a line per
+    case; True when every error is within 2e-2 of the largest entry."""
+    import jax.numpy as jnp
+
+    from bert_jax.model.kernels import flash_gpu, gpu
+
+    on_gpu = jax.default_backend() == "gpu"
+    if not on_gpu:
+        gpu.IMPLEMENTATION = "xla"  # cuDNN's call lowered by XLA (the CPU tests' setting)
+    shapes = [(4, 16, 128, 64), (2, 16, 512, 64)] if on_gpu else [(2, 2, 64, 64)]
+    say(f"kernel checks on {jax.devices()[0].device_kind} ({'GPU kernels' if on_gpu else 'CPU: Pallas interpreter'}"
+        f", cuDNN attention as {gpu.IMPLEMENTATION}), bfloat16, errors relative to the largest entry (bound 2e-2):")
+    all_ok = True
+    rng = jax.random.key(7)
+    cases = [("flash_gpu", 0.1), ("flash_gpu", 0.0), ("cudnn", 0.0)]
+    for b, n, length, h in shapes:
+        keys = jax.random.split(jax.random.key(length), 4)
+        q = (jax.random.normal(keys[0], (b, n, length, h)) / np.sqrt(h)).astype(jnp.bfloat16)
+        k, v = (jax.random.normal(x, (b, n, length, h)).astype(jnp.bfloat16) for x in keys[1:3])
+        weight = jax.random.normal(keys[3], (b, n, length, h)).astype(jnp.bfloat16)
+        seg = jnp.asarray(_segments(b, length))
+        for name, rate in cases:
+            if name == "flash_gpu":
+                kernel = functools.partial(flash_gpu.attention, segment_ids=seg, dropout_rate=rate,
+                                           seed=flash_gpu.seeds(rng), interpret=not on_gpu)
+            else:
+                kernel = functools.partial(gpu.attention, segment_ids=seg)
+            plain = functools.partial(flash_gpu.reference_attention, segment_ids=seg, dropout_rate=rate, rng=rng)
+
+            @jax.jit
+            def both(q, k, v, weight, kernel=kernel, plain=plain):
+                out = []
+                for f in (kernel, plain):
+                    value, vjp = jax.vjp(f, q, k, v)
+                    out.append((value, *vjp(weight)))
+                return out
+
+            label = f"{name} [{b}, {n}, {length}, {h}] dropout {rate}"
+            start = time.perf_counter()
+            try:
+                got, want = jax.device_get(both(q, k, v, weight))
+            except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result to report
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                say(f"  {label}: FAILED: {type(e).__name__}: {first}")
+                traceback.print_exc(file=sys.stderr)
+                report.kernel_checks.append({"case": label, "error": f"{type(e).__name__}: {first}"})
+                all_ok = False
+                continue
+            errors = {}
+            for out_name, g, w in zip(("context", "dq", "dk", "dv"), got, want):
+                g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+                errors[out_name] = float(np.abs(g - w).max() / np.abs(w).max()) if np.isfinite(g).all() else np.inf
+            ok = all(e <= 2e-2 for e in errors.values())
+            all_ok &= ok
+            report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
+            say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
+                + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+    if on_gpu:
+        _kernel_times(report, rng)
+    return all_ok
+
+
+def _kernel_times(report: Report, rng) -> None:
+    """ms per fwd+bwd of each attention form at BERT-Large's phase 1 and packed phase 2 shapes (on a GPU)."""
+    import jax.numpy as jnp
+
+    from bert_jax.model.kernels import flash_gpu, gpu
+
+    say("attention fwd+bwd, ms (median of 10), BERT-Large shapes, bfloat16:")
+    for b, n, length, h in ((128, 16, 128, 64), (16, 16, 512, 64)):
+        keys = jax.random.split(jax.random.key(1), 4)
+        q, k, v, weight = (jax.random.normal(x, (b, n, length, h)).astype(jnp.bfloat16) for x in keys)
+        seg = jnp.asarray(_segments(b, length))
+        forms = {"flash_gpu dropout 0.1": functools.partial(flash_gpu.attention, segment_ids=seg, dropout_rate=0.1,
+                                                            seed=flash_gpu.seeds(rng)),
+                 "jnp + hashed dropout 0.1": functools.partial(flash_gpu.reference_attention, segment_ids=seg,
+                                                               dropout_rate=0.1, rng=rng),
+                 "cudnn, no dropout": functools.partial(gpu.attention, segment_ids=seg),
+                 "flash_gpu, no dropout": functools.partial(flash_gpu.attention, segment_ids=seg),
+                 "jnp, no dropout": functools.partial(flash_gpu.reference_attention, segment_ids=seg)}
+        cells = []
+        for name, f in forms.items():
+            grad = jax.jit(jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32) * weight),
+                                    argnums=(0, 1, 2)))
+            try:
+                jax.block_until_ready(grad(q, k, v))
+                times = []
+                for _ in range(10):
+                    start = time.perf_counter()
+                    jax.block_until_ready(grad(q, k, v))
+                    times.append(time.perf_counter() - start)
+                ms = 1e3 * statistics.median(times)
+                cells.append(f"{name} {ms:.2f}")
+                report.kernel_checks.append({"time": f"{name} [{b}, {n}, {length}, {h}]", "ms": ms})
+            except Exception as e:  # noqa: BLE001
+                cells.append(f"{name} failed ({type(e).__name__})")
+        say(f"  [{b}, {n}, {length}, {h}]: " + "; ".join(cells))
