@@ -2,7 +2,7 @@
 the ArrayRecord shards a metadata.json lists, opened and checked complete.
 
 Two kinds of directory, each complete once its metadata.json exists (written last, `storage.publish`):
-  static instances (`pretraining.create_pretraining_data`): metadata.json {"format_version": 2,
+  static instances (`procedure.create_pretraining_data`): metadata.json {"format_version": 2,
     "shards", "shard_counts", "num_instances", "flags": {"max_seq_length", "max_predictions_per_seq", ...},
     ...}; no "kind" item.
   tokenized documents (`document_shards.tokenize_documents`): metadata.json {"kind": "documents",

@@ -69,7 +69,7 @@ def split_directory(path: str, fraction: float) -> tuple[np.ndarray, np.ndarray]
 
 
 def training_log_prior(path: str, vocab_size: int, held_out: np.ndarray) -> np.ndarray:
-    """`pretraining.masked_token_log_prior` of tokenized documents without the `held_out` ones: the centred,
+    """`procedure.masked_token_log_prior` of tokenized documents without the `held_out` ones: the centred,
     add-one smoothed log unigram distribution of the training documents' tokens -> float32 [vocab_size]
     (token_counts.npy less the held-out documents' tokens, read once).
 

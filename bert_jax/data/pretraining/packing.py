@@ -52,7 +52,7 @@ def row_predictions(max_predictions_per_seq: int, max_instances: int) -> int:
 
 
 def unpad(instance: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A padded instance (`pretraining.decode_instance`) -> its real entries only, the packer's element:
+    """A padded instance (`procedure.decode_instance`) -> its real entries only, the packer's element:
     input_ids, token_type_ids [n]; masked_lm_positions, masked_lm_ids, masked_lm_weights [m];
     next_sentence_labels int32 [1] (n real tokens, m real predictions)."""
     n = int(instance["attention_mask"].sum())

@@ -1,4 +1,4 @@
-"""The tokenized corpus of static-instance creation (`pretraining.create_pretraining_data`): documents of
+"""The tokenized corpus of static-instance creation (`procedure.create_pretraining_data`): documents of
 sentences of token ids in three flat arrays, saved as .npy files and memory-mapped, so that worker processes
 share its pages and memory does not grow with the corpus beyond the pages in use."""
 
