@@ -2,7 +2,7 @@
 
 A released checkpoint is a directory with bert_config.json, bert_model.ckpt.index / .data-*, vocab.txt. It is
 read through TensorFlow's checkpoint reader (the `tf` extra, imported only here) into the tree that
-`convert.from_hf` returns, by the same rules table (`weights.rules`), each variable named as the original's
+`hf.from_hf` returns, by the same rules table (`weights.rules`), each variable named as the original's
 modeling.py / run_pretraining.py name it (`_tf_variable`).
 
 google-research/bert -> Hugging Face names (then as `weights` maps them to bert_jax):
@@ -137,11 +137,11 @@ def from_tf_checkpoint(path: str, *, strict: bool = False, seed: int = 0, fresh:
       strict: raise instead of reporting missing heads (`cls/*`, `bert/pooler/*`) or unknown variables
         (e.g. a fine-tuned classifier's `output_weights`).
       seed: PRNG seed for heads that the checkpoint lacks.
-      fresh: as `convert.from_hf`'s.
+      fresh: as `hf.from_hf`'s.
       **config_overrides: BertConfig fields to replace (e.g. dtype="bfloat16", scan_layers=True).
 
     Returns:
-      (config, params): params is the BertForPreTraining tree (as `convert.from_hf`'s) of numpy arrays in
+      (config, params): params is the BertForPreTraining tree (as `hf.from_hf`'s) of numpy arrays in
       config.param_dtype (float32 by default; the checkpoint's float32 values cast); with scan_layers the
       layers are stacked.
 

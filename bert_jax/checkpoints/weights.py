@@ -3,8 +3,8 @@
 `rules(config)` lists, for every parameter of `bert_jax.model.modeling.BertForPreTraining`, its Hugging Face
 tensor name (without the `bert.` prefix), its "/"-joined path in the bert_jax tree, and the layout
 transforms both ways; `TASK_HEAD_RULES` does the same for the fine-tuning heads. Both checkpoint readers
-(`convert.from_hf`, `tf1.from_tf_checkpoint`, the latter through `tf_checkpoint`'s variable names)
-and the writer (`convert.to_hf`) go through this one table.
+(`hf.from_hf`, `tf1.from_tf_checkpoint`, the latter through `tf_checkpoint`'s variable names)
+and the writer (`hf.to_hf`) go through this one table.
 
 Layout differences (Hugging Face -> bert_jax):
   Linear weight [out, in]                -> kernel [in, out]
@@ -133,7 +133,7 @@ def rules(config: BertConfig) -> list[Rule]:
     return table
 
 
-# The fine-tuning heads `convert.to_hf` writes: transformers names the heads of BertForSequenceClassification,
+# The fine-tuning heads `hf.to_hf` writes: transformers names the heads of BertForSequenceClassification,
 # BertForMultipleChoice and BertForTokenClassification all `classifier`; bert_jax names them apart, so that a
 # tree tells its class.
 TASK_HEAD_RULES = [*_linear("qa_outputs", "qa_outputs"), *_linear("classifier", "classifier"),
@@ -229,7 +229,7 @@ def init_params(config: BertConfig, seed: int = 0, paths: Sequence[str] | None =
 def complete(config: BertConfig, flat: dict, expected: Mapping[str, Any], missing_heads: Sequence[str],
              unknown: Sequence[str], *, strict: bool, seed: int, source: str, noun: str,
              fresh: list | None = None) -> dict:
-    """The tree of a checkpoint read by `rules` (`convert.from_hf`, `tf1.from_tf_checkpoint`): the
+    """The tree of a checkpoint read by `rules` (`hf.from_hf`, `tf1.from_tf_checkpoint`): the
     file's unknown entries and missing heads reported (WARNING records of this module's logger), the heads
     initialised with `seed`, the layers stacked with scan_layers. `flat` ("/"-joined paths -> arrays in
     config.param_dtype) is filled in place; `expected` is `abstract_params(config)`; `noun` names the file's

@@ -113,7 +113,7 @@ class BertForMultipleChoice(nn.Module):
     pooled [CLS] output (dropout first); the K scores of an example are its logits (paper section 4.4,
     SWAG: "a vector whose dot product with the [CLS] token representation C denotes a score for each
     choice which is normalized with a softmax layer"). Matches transformers' `BertForMultipleChoice`
-    (`convert.to_hf` writes the head as its `classifier.weight` [1, D] / `classifier.bias` [1]).
+    (`hf.to_hf` writes the head as its `classifier.weight` [1, D] / `classifier.bias` [1]).
     """
 
     config: BertConfig
@@ -159,7 +159,7 @@ class BertForMultipleChoice(nn.Module):
 class BertForTokenClassification(nn.Module):
     """BERT with a token classifier: dropout -> [D, C] projection of every token of the sequence output
     (paper section 5.3, CoNLL-2003 NER: the first sub-token of each word is the one labelled). No pooler.
-    Matches transformers' `BertForTokenClassification` (`convert.to_hf` writes the head as its
+    Matches transformers' `BertForTokenClassification` (`hf.to_hf` writes the head as its
     `classifier.weight` [C, D] / `classifier.bias` [C]).
     """
 
