@@ -197,14 +197,17 @@ def small_documents(data_dir, small_vocab, tmp_path_factory):
     return _sample_documents(data_dir, small_vocab, tmp_path_factory.mktemp("small_documents") / "sample")
 
 
-def write_text_tfds(name: str, texts, data_dir) -> None:
+def write_text_tfds(name: str, texts, data_dir, titles=None) -> None:
     """A local TFDS text dataset, prepared offline in ArrayRecord files under `data_dir` (nothing downloaded):
     dataset `name` (snake_case, one no other test of the session registers: TFDS keeps a process-wide registry),
-    version 1.0.0, split "train" of one example per entry of `texts`, in order, its feature "text". Read by name
-    with `data_dir` as TFDS's data_dir (`corpus.read_tfds_documents`, --tfds_name / --tfds_data_dir)."""
+    version 1.0.0, split "train" of one example per entry of `texts`, in order, its feature "text" (and "title",
+    the entries of `titles`, when given: a second text feature). Read by name with `data_dir` as TFDS's data_dir
+    (`corpus.read_tfds_documents`, --tfds_name / --tfds_data_dir)."""
     import tensorflow_datasets as tfds
 
-    examples = list(texts)
+    examples = [{"text": t} for t in texts]
+    if titles is not None:
+        examples = [dict(e, title=t) for e, t in zip(examples, titles, strict=True)]
     dataset_name = name
 
     class TextCorpus(tfds.core.GeneratorBasedBuilder):
@@ -212,15 +215,14 @@ def write_text_tfds(name: str, texts, data_dir) -> None:
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
+            features = tfds.features.FeaturesDict({key: tfds.features.Text() for key in examples[0]})
             return tfds.core.DatasetInfo(builder=self, features=features)
 
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples()}
 
         def _generate_examples(self):
-            for i, text in enumerate(examples):
-                yield i, {"text": text}
+            yield from enumerate(examples)
 
     TextCorpus(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from bert_jax.data import corpus
 from bert_jax.data.pretraining import procedure as pt
 from bert_jax.data.pretraining import token_store
-from conftest import ROOT
+from conftest import ROOT, write_text_tfds
 
 # The original TF1 script on gutenberg-sentences.txt (max_seq_length 128, max_predictions_per_seq 20,
 # dupe_factor 1), six seeds: the band its outputs fell in.
@@ -271,25 +271,9 @@ def test_cli_writes_instances_and_fails_cleanly(data_dir, tmp_path):
 
 def test_tfds_text_dataset_offline(tokenizer, data_dir, tmp_path):
     """A local TFDS builder (prepared offline, ArrayRecord format) read through --tfds_name semantics."""
-    import tensorflow_datasets as tfds
-
     paragraphs = (data_dir / "corpus" / "bert_sample_text.txt").read_text(encoding="utf-8").split("\n\n")
-
-    class SampleCorpus(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-                {"text": tfds.features.Text(), "title": tfds.features.Text()}))
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples()}
-
-        def _generate_examples(self):
-            for i, p in enumerate(paragraphs):
-                yield i, {"text": " ".join(p.split("\n")), "title": f"doc {i}"}
-
-    SampleCorpus(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+    write_text_tfds("sample_corpus", [" ".join(p.split("\n")) for p in paragraphs], tmp_path / "tfds",
+                    titles=[f"doc {i}" for i in range(len(paragraphs))])
     stats = corpus.ReadStats()
     docs = list(corpus.read_tfds_documents("sample_corpus", "train", "text", str(tmp_path / "tfds"), stats))
     assert len(docs) == len([p for p in paragraphs if p.strip()]) and all(len(d) >= 1 for d in docs)
