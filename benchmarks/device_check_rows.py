@@ -83,14 +83,18 @@ def parse_variants(text: str) -> list[Side]:
 # ----------------------------------------------------------------------------- batches
 
 
+TAG_BASE = 1000  # the token after [CLS] is TAG_BASE + the instance's index in its stream (random ids are above)
+
+
 def instances(rng: np.random.Generator, count: int, length: int, predictions: int, full: bool) -> list[dict]:
-    """`count` unpadded instances (the packer's element, `packing.unpad`): [CLS] A [SEP] B [SEP] with random
-    ids, token types, 15% of the tokens masked (at least 1, at most `predictions`), a random NSP label."""
+    """`count` (at most 29,000) unpadded instances (the packer's element, `packing.unpad`): [CLS] A [SEP] B [SEP]
+    with random ids (the first of A: TAG_BASE + the instance's index, `packed_indices` reads it back), token
+    types, 15% of the tokens masked (at least 1, at most `predictions`), a random NSP label."""
     out = []
-    for _ in range(count):
+    for index in range(count):
         n = length if full else int(rng.integers(32, length + 1))
-        ids = rng.integers(1000, 30000, n).astype(np.int32)
-        ids[0], ids[n // 2], ids[-1] = 101, 102, 102
+        ids = rng.integers(TAG_BASE + count, 30000, n).astype(np.int32)
+        ids[0], ids[1], ids[n // 2], ids[-1] = 101, TAG_BASE + index, 102, 102
         types = (np.arange(n) > n // 2).astype(np.int32)
         m = min(predictions, max(1, round(0.15 * n)))
         positions = np.sort(rng.choice(np.arange(1, n - 1), m, replace=False)).astype(np.int32)
@@ -130,10 +134,18 @@ def packed(stream: list[dict], rows: int, length: int, predictions: int) -> dict
     return packing.finalize_batch([next(it) for _ in range(rows)])
 
 
+def packed_indices(batch: dict[str, np.ndarray]) -> list[int]:
+    """The stream indices of the instances in packed rows, row by row (each instance's [CLS] is followed by its
+    tag, `instances`)."""
+    ids = batch["input_ids"]
+    rows, starts = np.nonzero(ids == 101)
+    return [int(ids[r, s + 1]) - TAG_BASE for r, s in zip(rows, starts)]
+
+
 @functools.lru_cache(maxsize=8)
 def batches(phase: int, rows: int) -> tuple[dict, dict]:
     """(ours, the peer's) batches of `rows` rows of `phase`: phase 1 the same full rows; phase 2 ours `rows`
-    packed rows, the peer the same instances padded one per row."""
+    packed rows, the peer the very instances those rows hold, padded one per row."""
     length, predictions = PHASES[phase]
     rng = np.random.default_rng(phase)
     if phase == 1:
@@ -141,5 +153,6 @@ def batches(phase: int, rows: int) -> tuple[dict, dict]:
         return batch, batch
     stream = instances(rng, 40 * rows, length, predictions, full=False)
     ours = packed(stream, rows, length, predictions)
-    taken = int(ours["next_sentence_weights"].sum())  # the instances in our rows
-    return ours, padded(stream[:taken], length, predictions)
+    held = packed_indices(ours)
+    assert len(held) == int(ours["next_sentence_weights"].sum())  # every instance in our rows found
+    return ours, padded([stream[i] for i in held], length, predictions)

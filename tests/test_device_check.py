@@ -26,6 +26,23 @@ def _args(**kwargs) -> argparse.Namespace:
     return args
 
 
+def test_phase_2_peer_trains_the_instances_our_packed_rows_hold():
+    """Phase 2: the peer's padded rows are exactly the instances in our packed rows (the same tokens, masked
+    positions' ids and NSP labels), so the two sides' seq/s and useful tokens/s compare like for like."""
+    import device_check_rows
+    import numpy as np
+
+    ours, peer = device_check_rows.batches(2, 4)
+    held = device_check_rows.packed_indices(ours)
+    assert len(held) == len(set(held)) == len(peer["input_ids"]) == int(ours["next_sentence_weights"].sum()) > 4
+    assert int(ours["attention_mask"].astype(bool).sum()) == int(peer["attention_mask"].sum())  # real tokens
+    assert sorted(ours["input_ids"][ours["input_ids"] > 0].tolist()) == sorted(peer["input_ids"][peer["input_ids"] > 0].tolist())
+    assert sorted(ours["masked_lm_ids"][ours["masked_lm_weights"] > 0].tolist()) == sorted(
+        peer["masked_lm_ids"][peer["masked_lm_weights"] > 0].tolist())
+    assert np.array_equal(np.sort(ours["next_sentence_labels"][ours["next_sentence_weights"] > 0]),
+                          np.sort(peer["next_sentence_labels"]))
+
+
 def test_variants_parse_into_sides_and_batches():
     sides = device_check.parse_variants("default,kernels=reference,attention_probs_dropout_prob=0,"
                                         "remat_policy=dots+batch=2x,scan_layers=True+batch=48")

@@ -242,8 +242,21 @@ def test_training_never_reads_held_out_documents(articles, instances, monkeypatc
 
     train_docs, held = holdout.split(20, 0.2)
     read = []
-    original = document_shards.Documents.__getitem__
-    monkeypatch.setattr(document_shards.Documents, "__getitem__", lambda self, d: (read.append(d), original(self, d))[1])
+    # reads of the Documents this test's iterators open (not of an earlier test's iterator still prefetching)
+    mine = set()
+    original_init, original = document_shards.Documents.__init__, document_shards.Documents.__getitem__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        mine.add(id(self))
+
+    def getitem(self, d):
+        if id(self) in mine:
+            read.append(d)
+        return original(self, d)
+
+    monkeypatch.setattr(document_shards.Documents, "__init__", init)
+    monkeypatch.setattr(document_shards.Documents, "__getitem__", getitem)
     batches = list(_iterator(articles, global_batch_size=16, num_epochs=1, documents=train_docs))
     assert len(batches) > 10 and set(read) == set(train_docs.tolist())
     read.clear()
