@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
 # Both install the exact versions of constraints.txt (setup.cfg holds ranges).
 # `make demo` installs only the package (what the demo needs); `make test` adds the test extra (the
-# reference implementation: torch, transformers), the tpu extra (libtpu: the tests compile TPU programs ahead of time) and the tf
+# reference implementation: torch, transformers), the tpu extra (libtpu: the tests compile TPU programs ahead of time), the
+# gpu-aot extra (jax's CUDA plugin, ptxas, cuDNN: the tests compile GPU programs ahead of time, no GPU needed) and the tf
 # extra (TensorFlow's checkpoint reader, for Google's original checkpoints).
 PYTHON ?= python3.11
 VENV := .venv
@@ -19,7 +20,7 @@ $(DEMO_STAMP): setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,tpu,tf]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,tpu,tf,gpu-aot]'
 	touch $(TEST_STAMP)
 
 # Task files for the demo's fine-tuning stages (and their training text for its corpus): SQuAD in

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bert_jax.training import aot, pretraining
+from bert_jax.training.compiled import targets
 from bert_jax.model import kernels  # noqa: E402
 from bert_jax.configs import pretrain  # noqa: E402
 
@@ -42,7 +43,7 @@ def measure(size: str, topology: str, kernel_set: str, dtype: str, phases: str =
 def _measure(size, topology, kernel_set, dtype, phases):
     config = pretrain.get_config(size)
     config.model.dtype, config.model.kernels = dtype, kernel_set
-    devices = aot.TOPOLOGIES[topology].devices()
+    devices = targets.target(topology).devices()
     rows = []
     wanted = {int(i) for i in phases.split(",")} if phases else None
     for phase in pretraining.resolve_phases(config):

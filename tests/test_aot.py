@@ -39,10 +39,10 @@ def test_pod_presets_cover_their_topologies():
     """Each pod's mesh preset uses exactly the devices libtpu's topology exposes (v3 two per chip; v4
     one megacore device per chip, as on a real slice; v5e one), and the paper's pods are 16 and 64 chips
     for every generation."""
-    script = ("from bert_jax.training import aot, sharding\n"
+    script = ("from bert_jax.training import sharding\nfrom bert_jax.training.compiled import targets\n"
               "import math\n"
-              "for name, chip in aot.TOPOLOGIES.items():\n"
-              "    devices = chip.devices()\n"
+              "for name in targets.TOPOLOGIES:\n"
+              "    devices = targets.target(name).devices()\n"
               "    chips = len({tuple(d.coords) for d in devices})\n"
               "    preset = math.prod(sharding.MESH_PRESETS[name]) if name in sharding.MESH_PRESETS else None\n"
               "    print('ROW', name, len(devices), chips, preset)\n")
@@ -68,5 +68,5 @@ def test_missing_libtpu_is_an_import_error(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    with pytest.raises(ImportError, match="^libtpu is not installed, so there is no TPU compiler$"):
+    with pytest.raises(ImportError, match=r"^libtpu is not installed, so there is no TPU compiler \(pip install -e '\.\[tpu\]'\)$"):
         aot.report(pretrain.get_config("tiny"), "v3-8")

@@ -59,15 +59,15 @@ def flag(args: list[str], name: str) -> str:
 
 def tpu_path(page: str) -> tuple[list[str], list[str]]:
     """(aot argv, launcher argv) of `page`'s TPU path: its launch command and the aot command for the same slice."""
-    from bert_jax.training import aot
+    from bert_jax.training.compiled import targets
 
     commands = documented_commands(page)
     launches = [c for c in commands if c[0] == "launch/tpu_vm_pod.sh" and "--" in c]
     assert len(launches) == 1, f"{page}: {len(launches)} launch commands"
     launch = launches[0]
-    slice_ = aot.topology_for(flag(launch, "--accelerator_type"))
+    slice_ = targets.topology_for(flag(launch, "--accelerator_type"))
     checks = [c for c in commands if c[:3] == ["python", "-m", "bert_jax.aot"]
-              and aot.topology_for(flag(c, "--topology")) == slice_]
+              and targets.topology_for(flag(c, "--topology")) == slice_]
     assert len(checks) == 1, f"{page}: {len(checks)} bert_jax.aot commands for the launch's slice {slice_}"
     return checks[0], launch
 
@@ -227,7 +227,8 @@ def test_aot_takes_the_launchers_accelerator_type():
     out = subprocess.run(shell + [command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("v5e-16: 16 devices, mesh {'data': 16, 'fsdp': 1, 'tensor': 1}, model dtype bfloat16")
+    assert lines[0].startswith("v5e-16: 16 devices (TPU v5 lite), mesh {'data': 16, 'fsdp': 1, 'tensor': 1}, "
+                               "model dtype bfloat16")
     phases = [line for line in lines if line.strip().startswith("phase")]
     assert len(phases) == 2 and all(", packed," in p and "(fits)" in p for p in phases), out.stdout
 
@@ -236,20 +237,20 @@ def test_aot_takes_the_launchers_accelerator_type():
 
 
 def test_one_mapping_from_gcloud_names_to_topologies():
-    from bert_jax.training import aot
+    from bert_jax.training.compiled import targets
 
-    assert {t: aot.topology_for(t) for t in ("v3-32", "v4-32", "v5litepod-16", "v5litepod-64", "v5p-32", "v6e-16",
+    assert {t: targets.topology_for(t) for t in ("v3-32", "v4-32", "v5litepod-16", "v5litepod-64", "v5p-32", "v6e-16",
                                              "v5e-16")} == {
         "v3-32": "v3-32", "v4-32": "v4-32", "v5litepod-16": "v5e-16", "v5litepod-64": "v5e-64", "v5p-32": "v5p-32",
         "v6e-16": "v6e-16", "v5e-16": "v5e-16"}
-    assert all(aot.topology_for(aot.accelerator_type_of(t)) == t for t in aot.TOPOLOGIES)
+    assert all(targets.topology_for(targets.accelerator_type_of(t)) == t for t in targets.TOPOLOGIES)
     for bad in ("v5litepod-7", "v5p-16", "v9-8", "v5e", ""):
         with pytest.raises(ValueError, match=r"^--topology .* is not one of \[.*\] \(or gcloud's accelerator type "
-                                             r"of one: .*v5litepod-16.*\)$"):
-            aot.topology_for(bad)
+                                             r"of one: .*v5litepod-16.*\), nor a GPU machine"):
+            targets.topology_for(bad)
     pods = (ROOT / "docs" / "tpu-pods.md").read_text(encoding="utf-8")
-    for topology in aot.TOPOLOGIES:  # the page's table names every slice both ways
-        assert re.search(rf"^\| `{aot.accelerator_type_of(topology)}` \| `{topology}` \|", pods, re.M), topology
+    for topology in targets.TOPOLOGIES:  # the page's table names every slice both ways
+        assert re.search(rf"^\| `{targets.accelerator_type_of(topology)}` \| `{topology}` \|", pods, re.M), topology
 
 
 @pytest.mark.integration

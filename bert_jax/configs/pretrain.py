@@ -45,7 +45,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
         type_vocab_size=2,  # sentence A / B
         initializer_range=0.02,  # truncated normal stddev
         layer_norm_eps=1e-12,
-        dtype="float32",  # compute dtype; "bfloat16" on TPU
+        dtype="auto",  # compute dtype: auto = bfloat16 on GPUs and TPUs, float32 on CPUs
         param_dtype="float32",  # parameters stay float32
         scan_layers=False,  # nn.scan over layers (fast compile of deep models)
         remat_policy="none",  # none | full | dots | dots_no_batch
@@ -128,6 +128,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.log_every = 100  # steps between metrics (TensorBoard and console)
     config.checkpoint_every = 10_000  # steps between checkpoints (also at the phase switch and the end)
     config.keep_checkpoints = 3  # newest checkpoints kept
+    # Every phase's train step compiled before step 0 and checked against the memory a device may use, so that a
+    # phase that does not fit stops the run at its start: "auto" (on GPUs and TPUs), "always", "never".
+    config.precompile = "auto"
+    config.device_memory_gib = 0.0  # memory a device may use, GiB (0: the allocator's limit; none on a CPU)
     config.peak_tflops_per_device = 0.0  # MFU's peak per device; 0 = a known TPU's bf16 peak, else no MFU
     if arg == "tiny":
         config.total_steps = 200

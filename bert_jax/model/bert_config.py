@@ -40,6 +40,19 @@ BERT_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_att
                       "type_vocab_size", "initializer_range", "layer_norm_eps")
 
 
+def resolve_dtype(name: str, platform: str | None = None) -> str:
+    """The compute dtype `name` stands for on `platform` ("cpu", "gpu" / "cuda", "tpu"; default
+    `jax.default_backend()`): "auto" is "bfloat16" on accelerators (their matrix units' dtype; parameters, softmax,
+    LayerNorm statistics and logits stay float32) and "float32" on CPUs; any other name is itself."""
+    if name != "auto":
+        return name
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+    return "bfloat16" if platform in ("gpu", "cuda", "rocm", "tpu") else "float32"
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """Model hyper-parameters, named as in the original `bert_config.json`.
@@ -48,7 +61,9 @@ class BertConfig:
     `BertConfig`; defaults are BERT-Base. The rest choose how the same model is computed:
 
     Attributes:
-      dtype: compute dtype name for matmuls and activations, "float32" or "bfloat16".
+      dtype: compute dtype name for matmuls and activations, "float32" or "bfloat16"; "auto" (`resolve_dtype`):
+        bfloat16 on GPUs and TPUs, float32 on CPUs, for the default backend at construction (programs compiled
+        ahead of time resolve it for their target first).
       param_dtype: storage dtype name of the parameters (float32 by default).
       scan_layers: stack the layers under `nn.scan` (parameters get a leading `layers` axis of length
         num_hidden_layers); compiles 24 layers as fast as one.
@@ -84,6 +99,8 @@ class BertConfig:
     kernels: str = "auto"
 
     def __post_init__(self):
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)

@@ -57,7 +57,7 @@ def train_flops_per_step(config: BertConfig, batch_size: int, seq_length: int, m
 # Peak dense bfloat16 FLOP/s of one JAX device, by `jax.Device.device_kind`, from Google Cloud's TPU
 # system-architecture pages (a v3 device is one TensorCore, half a 123 TFLOP/s chip; v4 and v5p devices
 # are whole chips, their two TensorCores run as one "megacore"; v5e and v6e chips have one core each) and
-# NVIDIA's data sheets (dense, without sparsity: A100 312, H100 SXM and H200 989, H100 PCIe 756 TFLOP/s).
+# NVIDIA's data sheets (dense, without sparsity: A100 312, H100 SXM and H200 989, H100 PCIe 756, B200 2250 TFLOP/s).
 PEAK_BF16_FLOPS_PER_DEVICE: dict[str, float] = {
     "TPU v3": 61.5e12,
     "TPU v4": 275e12,
@@ -71,6 +71,7 @@ PEAK_BF16_FLOPS_PER_DEVICE: dict[str, float] = {
     "NVIDIA H100 80GB HBM3": 989e12,  # SXM
     "NVIDIA H100 PCIe": 756e12,
     "NVIDIA H200": 989e12,
+    "NVIDIA B200": 2250e12,
 }
 
 

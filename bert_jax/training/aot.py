@@ -1,25 +1,31 @@
-"""Ahead-of-time compilation of the real train step for a TPU topology, on any machine.
+"""Ahead-of-time compilation of the real train step for a TPU slice or an NVIDIA GPU machine, on any machine.
 
-  pip install 'libtpu==0.0.42.*'   # the version jax 0.10.2 pairs with; no TPU needed
+  pip install -e '.[tpu]'        # libtpu: TPU programs, no TPU needed
+  pip install -e '.[gpu-aot]'    # jax's CUDA plugin, ptxas, cuDNN: GPU programs, no GPU or driver needed
   python -m bert_jax.aot --topology v3-32 --config pretrain:base   # then the launch's own --config.* overrides
+  python -m bert_jax.aot --topology 8xh100 --config pretrain:large
 
 Lowers and compiles, for every phase, the very train step `bert_jax.train` runs (`pretraining.build`: the
-same jitted function, shardings, donation and grad_accum_steps) on the topology's compile-only devices
-from `jax.experimental.topologies`, and prints, per phase: per-device memory (arguments, temporaries,
-outputs, total against the chip's HBM), FLOPs per step from the compiled program, the analytic model
-FLOPs (`bert_jax.model.flops`), and a roofline step time max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per
-device. Exit status 1 when a phase does not fit in HBM.
+same jitted function, shardings, donation and grad_accum_steps; `model.kernels` and `model.dtype` "auto"
+resolved for the target, not the host) on the target's compile-only devices (`targets.Target.devices`), and
+prints per phase:
+  - memory per device (arguments, temporaries, outputs, less the aliased donations) against what a device may
+    use (`targets.Target.memory_budget`), "fits" or "DOES NOT FIT";
+  - FLOPs per device: the model's (`bert_jax.model.flops`) and, on TPUs, the compiled program's (XLA's cost
+    analysis; GPUs report none) with their ratio;
+  - HBM bytes per step: on TPUs XLA's "bytes accessed"; on both, the kernels' operands and results
+    (`program_stats`), by kind of kernel (Pallas / Triton calls, cuBLAS and Triton GEMMs, fusions, copies), by
+    pass (forward, backward, update) and, on TPUs, by memory space;
+  - a roofline bound, not a measurement: compute time (model FLOPs / peak) and memory time (bytes / HBM
+    bandwidth); MFU at most compute / max(compute, memory) when the two fully overlap, compute / (compute +
+    memory) when they do not overlap at all.
+Exit status 1 when a phase does not fit, with one line naming what to change (a grad_accum_steps estimated
+to fit is compiled and checked first).
 
-`--topology` takes a `TOPOLOGIES` name or gcloud's accelerator type of the same slice, the value of
-`launch/tpu_vm_pod.sh --accelerator_type` (`topology_for`: v5litepod-16 is v5e-16; v3, v4, v5p and v6e
-names are spelled alike), so a check and a launch can name the pod the same way.
-
-Chip figures, per JAX device as in `TOPOLOGIES`, which are the devices a real slice shows: a v3 chip's
-two TensorCores are two devices; a v4 chip runs its two TensorCores as one "megacore" device (compiled
-with libtpu's `chip_config_name="megacore"`), and so does a v5p chip (libtpu's default there); v5e and v6e
-chips have one core. v3 core 61.5 bf16 TFLOP/s, 16 GiB, 450 GB/s; v4 chip 275 TFLOP/s, 32 GiB, 1200 GB/s;
-v5e chip 197 TFLOP/s, 16 GiB, 819 GB/s; v5p chip 459 TFLOP/s, 95 GiB, 2765 GB/s; v6e chip 918 TFLOP/s,
-32 GiB, 1640 GB/s (https://cloud.google.com/tpu/docs/v5p, https://cloud.google.com/tpu/docs/v6e).
+`--topology` names the target (`targets.target`): a TPU slice as bert_jax or gcloud names it (v5litepod-16 is
+v5e-16), the value of `launch/tpu_vm_pod.sh --accelerator_type`, or a GPU machine `[HOSTSx][Nx]GPU` (h100, 8xh100,
+2x8xa100-80gb; GPUs: `targets.GPUS`). A GPU target needs JAX_PLATFORMS=cpu on a host without a GPU; the
+command sets it when unset.
 """
 
 from __future__ import annotations
@@ -27,96 +33,28 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Any
 
 # Compile-only use of libtpu: no chip is claimed, so several processes may load it at once.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 
-from bert_jax.checkpoints import checkpointing
-from bert_jax.training import pretraining, sharding, steps
-from bert_jax import errors
-from bert_jax.model import flops, kernels  # noqa: E402
+from bert_jax.training import pretraining, sharding, steps  # noqa: E402
+from bert_jax.training.compiled import memory, program_stats, targets  # noqa: E402
+from bert_jax import errors  # noqa: E402
+from bert_jax.model import bert_config, flops, kernels  # noqa: E402
+
+GIB = targets.GIB
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """A TPU slice to compile for and its roofline figures, per JAX device (see the module docstring).
-
-    Attributes:
-      topology: the `jax.experimental.topologies` name, e.g. "v3:4x4x1".
-      peak_flops: peak bfloat16 FLOP/s per device.
-      hbm_bytes: HBM capacity per device, bytes.
-      hbm_bandwidth: HBM bandwidth per device, bytes/s.
-      options: extra keyword arguments of `topologies.get_topology_desc` (v4: megacore devices).
-    """
-
-    topology: str  # jax.experimental.topologies name
-    peak_flops: float  # bf16 FLOP/s per JAX device
-    hbm_bytes: float  # per JAX device
-    hbm_bandwidth: float  # bytes/s per JAX device
-    options: tuple[tuple[str, str], ...] = ()  # extra get_topology_desc keyword arguments
-
-    def devices(self) -> list:
-        """The compile-only devices of this slice (needs libtpu)."""
-        from jax.experimental import topologies
-
-        return topologies.get_topology_desc(topology_name=self.topology, platform="tpu", **dict(self.options)).devices
-
-
-GIB = 1024**3
-_V3, _V5E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v3"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5 lite"]
-_V4 = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v4"]
-_V5P, _V6E = flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v5p"], flops.PEAK_BF16_FLOPS_PER_DEVICE["TPU v6 lite"]
-_MEGACORE = (("chip_config_name", "megacore"),)
-TOPOLOGIES = {
-    "v3-32": Chip("v3:4x4x1", _V3, 16 * GIB, 450e9),     # 16 chips, 32 cores: BERT-Base (paper)
-    "v3-128": Chip("v3:8x8x1", _V3, 16 * GIB, 450e9),    # 64 chips: BERT-Large (paper)
-    "v3-8": Chip("v3:2x2x1", _V3, 16 * GIB, 450e9),
-    # v4 names count TensorCores, like v3's: v4-32 is 16 chips, each one megacore JAX device.
-    "v4-32": Chip("v4:2x2x4", _V4, 32 * GIB, 1200e9, _MEGACORE),    # 16 chips
-    "v4-128": Chip("v4:4x4x4", _V4, 32 * GIB, 1200e9, _MEGACORE),   # 64 chips
-    "v5e-16": Chip("v5e:4x4", _V5E, 16 * GIB, 819e9),      # 16 chips, one core each
-    "v5e-64": Chip("v5e:8x8", _V5E, 16 * GIB, 819e9),      # 64 chips
-    # v5p names count TensorCores like v4's (v5p-32 is 16 chips, one megacore device each); v6e names chips.
-    "v5p-32": Chip("v5p:2x2x4", _V5P, 95 * GIB, 2765e9),   # 16 chips
-    "v6e-16": Chip("v6e:4x4", _V6E, 32 * GIB, 1640e9),     # 16 chips
-}
-
-# gcloud's accelerator-type generations (`gcloud compute tpus tpu-vm create --accelerator-type GEN-N`) whose
-# name differs here: a v5e slice of N chips is "v5litepod-N" there. v2, v3, v4, v5p and v6e are spelled alike.
-GCLOUD_GENERATIONS = {"v5litepod": "v5e"}
-
-
-def topology_for(accelerator_type: str) -> str:
-    """The `TOPOLOGIES` name of a slice given as gcloud names it: the one mapping between the launcher's
-    `--accelerator_type` and `--topology` here (a TOPOLOGIES name maps to itself).
-
-    Args:
-      accelerator_type: e.g. "v3-32", "v4-32", "v5litepod-16", "v5p-32", "v6e-16" (gcloud's
-        `--accelerator-type`: GENERATION-N, N TensorCores for v2, v3, v4 and v5p, chips for v5e and v6e),
-        or a TOPOLOGIES name such as "v5e-16".
-
-    Returns:
-      A key of TOPOLOGIES, e.g. "v5e-16" for "v5litepod-16".
-
-    Raises:
-      ValueError: (one line) no topology here for that slice, naming the known ones in both spellings.
-    """
-    generation, sep, size = accelerator_type.partition("-")
-    name = f"{GCLOUD_GENERATIONS.get(generation, generation)}-{size}" if sep else accelerator_type
-    if name not in TOPOLOGIES:
-        raise ValueError(f"--topology {accelerator_type!r} is not one of {sorted(TOPOLOGIES)} (or gcloud's "
-                         f"accelerator type of one: {', '.join(sorted(accelerator_type_of(t) for t in TOPOLOGIES))})")
-    return name
-
-
-def accelerator_type_of(topology: str) -> str:
-    """A TOPOLOGIES name -> gcloud's accelerator type of that slice ("v5e-16" -> "v5litepod-16"); the inverse
-    of `topology_for` (str -> str, no check)."""
-    generation, _, size = topology.partition("-")
-    gcloud = {ours: theirs for theirs, ours in GCLOUD_GENERATIONS.items()}.get(generation, generation)
-    return f"{gcloud}-{size}"
+def resolved(config, platform: str):
+    """A copy of `config` with `model.kernels` and `model.dtype` "auto" resolved for `platform` ("gpu", "tpu",
+    "cpu"): the program a run there compiles (`kernels.resolve`, `bert_config.resolve_dtype`)."""
+    config = config.copy_and_resolve_references()
+    config.model.kernels = kernels.resolve(config.model.kernels, platform)
+    config.model.dtype = bert_config.resolve_dtype(config.model.dtype, platform)
+    return config
 
 
 def lower_phase(config, devices, phase: pretraining.Phase) -> tuple[jax.stages.Lowered, jax.sharding.Mesh]:
@@ -124,8 +62,8 @@ def lower_phase(config, devices, phase: pretraining.Phase) -> tuple[jax.stages.L
 
     The program is the one `train` runs on these devices: the mesh of config.mesh (`steps.make_mesh`,
     presets included) over `devices`, the same jitted step with its shardings, donation and
-    config.grad_accum_steps; only `config.model.kernels` is resolved for the devices' platform (the
-    target's kernels, not the host's).
+    config.grad_accum_steps; `config.model.kernels` and `config.model.dtype` are resolved for the devices'
+    platform (`resolved`: the target's, not the host's).
 
     Args:
       config: the pre-training config (model, optimizer, mesh, grad_accum_steps, seed).
@@ -137,15 +75,9 @@ def lower_phase(config, devices, phase: pretraining.Phase) -> tuple[jax.stages.L
         dimension the mesh does not divide (`sharding.check_divisible`), or a batch size not divisible by
         data * fsdp (jax's `IndivisibleError`, when lowering).
     """
-    config = config.copy_and_resolve_references()
-    config.model.kernels = kernels.resolve(config.model.kernels, devices[0].platform)  # the target's, not the host's
+    config = resolved(config, devices[0].platform)
     mesh = steps.make_mesh(config.mesh, devices)
-    program = pretraining.build(config, mesh)
-    state = checkpointing.abstract_like(program.abstract, program.shardings)
-    batch = {k: jax.ShapeDtypeStruct(s, dtype, sharding=sharding.batch_sharding(mesh, len(s)))
-             for k, (s, dtype) in pretraining.batch_shapes(phase).items()}
-    with jax.set_mesh(mesh):
-        return program.train_step.lower(state, batch), mesh
+    return pretraining.lower_step(pretraining.build(config, mesh), mesh, phase), mesh
 
 
 def compile_phase(config, devices, phase: pretraining.Phase):
@@ -155,64 +87,136 @@ def compile_phase(config, devices, phase: pretraining.Phase):
         return lowered.compile(), mesh
 
 
-def report(config, topology_name: str) -> bool:
-    """Prints the per-phase table; True when every phase fits in HBM.
+@dataclasses.dataclass(frozen=True)
+class PhaseReport:
+    """One phase's compiled step on a target: bytes needed per device (`memory.needed_bytes`), the analytic
+    model FLOPs per device (`bert_jax.model.flops`), XLA's own FLOPs and bytes accessed where it reports them
+    (TPU; None on GPUs), and the kernels (`program_stats.analyze` of the optimised program)."""
+
+    phase: pretraining.Phase
+    memory: Any  # jax's CompiledMemoryStats
+    needed: int
+    model_flops: float
+    xla_flops: float | None
+    xla_bytes: float | None
+    stats: program_stats.ProgramStats
+
+    def roofline(self, target: targets.Target) -> tuple[float, float, float]:
+        """(compute seconds, memory seconds, seconds with no overlap) per step: model FLOPs / peak, the kernels'
+        HBM bytes / bandwidth (XLA's bytes accessed on a TPU, its own count there), and their sum."""
+        compute = self.model_flops / target.peak_flops
+        nbytes = self.xla_bytes if self.xla_bytes is not None else self.stats.hbm_bytes
+        memory_s = nbytes / target.hbm_bandwidth
+        return compute, memory_s, compute + memory_s
+
+
+def analyze_phase(config, devices, phase: pretraining.Phase) -> tuple[PhaseReport, Any]:
+    """`compile_phase`, then what the compiled step needs and does -> (PhaseReport, compiled); raises as
+    `lower_phase`."""
+    compiled, _ = compile_phase(config, devices, phase)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    bert = pretraining.create_model(config).config
+    model_flops = flops.train_flops_per_step(bert, phase.batch_size, phase.max_seq_length,
+                                             pretraining.batch_shapes(phase)["masked_lm_ids"][0][1]) / len(devices)
+    xla_flops = float(cost["flops"]) if cost and "flops" in cost else None
+    xla_bytes = float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
+    return PhaseReport(phase, compiled.memory_analysis(), memory.needed_bytes(compiled), model_flops, xla_flops,
+                       xla_bytes, program_stats.analyze(compiled.as_text())), compiled
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def print_phase(r: PhaseReport, target: targets.Target, budget: float, verbose: bool) -> None:
+    """The report's lines for one phase (the module docstring's layout)."""
+    p, mem, stats = r.phase, r.memory, r.stats
+    steps_n = p.end - p.start
+    compute, memory_s, serial = r.roofline(target)
+    fits = "fits" if r.needed <= budget else "DOES NOT FIT"
+    xla = (f"compiled {r.xla_flops / 1e12:.3f} T, analytic {r.model_flops / 1e12:.3f} T (ratio "
+           f"{r.xla_flops / r.model_flops:.3f})" if r.xla_flops else f"analytic {r.model_flops / 1e12:.3f} T")
+    bytes_line = (f"HBM bytes accessed {r.xla_bytes / 1e9:.2f} GB (XLA's count); kernels' operands and results "
+                  f"{_gb(stats.hbm_bytes)}" if r.xla_bytes is not None else
+                  f"HBM bytes (kernels' operands and results) {_gb(stats.hbm_bytes)}")
+    print(f"  phase {p.index} (length {p.max_seq_length}, {p.max_predictions_per_seq} predictions, batch "
+          f"{p.batch_size}{', packed' if p.packing else ''}, {steps_n} steps): memory/device args "
+          f"{mem.argument_size_in_bytes / GIB:.2f} + temp {mem.temp_size_in_bytes / GIB:.2f} + out "
+          f"{mem.output_size_in_bytes / GIB:.2f} - aliased {mem.alias_size_in_bytes / GIB:.2f} = "
+          f"{r.needed / GIB:.2f} GiB of {budget / GIB:.2f} ({fits}); FLOPs/device {xla}; {bytes_line}; "
+          f"roofline {max(compute, memory_s) * 1e3:.1f} ms/step")
+    kinds = ", ".join(f"{kind} {n} ({_gb(b)})" for kind, (n, b) in stats.by("kind").items())
+    passes = ", ".join(f"{name} {n} ({_gb(b)})" for name, (n, b) in stats.by("phase").items())
+    print(f"    kernels per step {stats.kernel_launches}: {kinds}")
+    print(f"    by pass: {passes}")
+    spaces = stats.bytes_by_space()
+    if len(spaces) > 1:
+        print("    by memory space: " + ", ".join(f"{'HBM' if s == 0 else f'S({s})'} {_gb(b)}" for s, b in spaces.items()))
+    print(f"    roofline bound (not a measurement): compute {compute * 1e3:.1f} ms + memory {memory_s * 1e3:.1f} ms; "
+          f"MFU at most {compute / max(compute, memory_s):.0%} fully overlapped, {compute / serial:.0%} not overlapped")
+    if verbose:
+        heavy = sorted(stats.kernels, key=lambda k: -k.hbm_bytes)[:15]
+        for k in heavy:
+            print(f"      {_gb(k.hbm_bytes):>10} x{k.count} {k.kind} {k.phase}: {k.op_name[-110:]}")
+
+
+def report(config, topology_name: str, verbose: bool = False) -> bool:
+    """Compiles every phase of `config` for the target and prints the report (module docstring); True when every
+    phase fits. Where one does not, prints after the table the smallest grad_accum_steps estimated to fit it
+    (`memory.accumulation_estimate`), compiled and checked.
 
     Args:
       config: the pre-training config, as `bert_jax.train` gets it (the recipe and its `--config.*` overrides).
-      topology_name: a key of TOPOLOGIES (`topology_for` turns gcloud's accelerator types into one).
+      topology_name: a `targets.target` name (TPU slice, or GPU machine such as "8xh100").
+      verbose: also print each phase's 15 kernels that move the most HBM bytes.
 
     Raises:
-      ValueError: (one line) not a pre-training config (a fine-tuning recipe), an unknown config.mesh.preset, a mesh that does not fit the topology's
-        devices, or a bad model / phase config; the errors of `compile_phase`.
-      KeyError: `topology_name` is not in TOPOLOGIES (`main` maps and checks it first: `topology_for`).
-      ImportError: libtpu is not installed (checked first: jax would raise a RuntimeError later).
+      ValueError: (one line) not a pre-training config (a fine-tuning recipe), an unknown target or
+        config.mesh.preset, a mesh that does not fit the target's devices, or a bad model / phase config; the
+        errors of `compile_phase`.
+      ImportError: the target's compiler is not installed (libtpu, or jax's CUDA plugin).
     """
-    import importlib.util
-
     missing = [k for k in ("phases", "mesh", "model", "total_steps") if k not in config]
     if missing or "preset" not in config.mesh:
         raise ValueError(f"--config is not a pre-training config (it lacks {', '.join(missing) or 'mesh.preset'}): "
                          "aot compiles pre-training recipes, e.g. --config pretrain:base")
-    if importlib.util.find_spec("libtpu") is None:
-        raise ImportError("libtpu is not installed, so there is no TPU compiler")
-
-    chip = TOPOLOGIES[topology_name]
+    target = targets.target(topology_name)
     if config.mesh.preset:
-        sizes = sharding.preset_sizes(config.mesh.preset)  # before loading libtpu: an unknown name fails fast
+        sizes = sharding.preset_sizes(config.mesh.preset)  # before loading a compiler: an unknown name fails fast
     else:
         sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    devices = chip.devices()
+    budget, source = target.memory_budget()
+    devices = target.devices()
     mesh_shape = sharding.mesh_shape(*sizes, len(devices))  # the shape steps.make_mesh gives these devices
     phases = pretraining.resolve_phases(config)
+    config = resolved(config, target.platform)
     bert = pretraining.create_model(config).config
-    print(f"{topology_name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
-          f"model dtype {bert.dtype}, kernels {kernels.resolve(bert.kernels, 'tpu')}, "
-          f"grad_accum_steps {config.grad_accum_steps}")
-    fits, total_seconds = True, 0.0
+    kind = target.gpu.description if target.gpu else devices[0].device_kind
+    print(f"{target.name}: {len(devices)} devices ({kind}), mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
+          f"model dtype {bert.dtype}, kernels {bert.kernels}, grad_accum_steps {config.grad_accum_steps}; memory a "
+          f"device may use {budget / GIB:.2f} GiB ({source})")
+    fits, total_seconds, failing = True, 0.0, None
     for phase in phases:
-        compiled, _ = compile_phase(config, devices, phase)
-        mem = compiled.memory_analysis()
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        used = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-        compiled_flops = float(cost.get("flops", 0.0))  # per device
-        analytic = flops.train_flops_per_step(bert, phase.batch_size, phase.max_seq_length,
-                                              pretraining.batch_shapes(phase)["masked_lm_ids"][0][1]) / len(devices)
-        bytes_accessed = float(cost.get("bytes accessed", 0.0))
-        step_s = max(compiled_flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
-        steps = phase.end - phase.start
-        total_seconds += step_s * steps
-        fits &= used <= chip.hbm_bytes
-        print(f"  phase {phase.index} (length {phase.max_seq_length}, {phase.max_predictions_per_seq} predictions, "
-              f"batch {phase.batch_size}{', packed' if phase.packing else ''}, {steps} steps): memory/device args {mem.argument_size_in_bytes / GIB:.2f} "
-              f"+ temp {mem.temp_size_in_bytes / GIB:.2f} + out {mem.output_size_in_bytes / GIB:.2f} "
-              f"- aliased {mem.alias_size_in_bytes / GIB:.2f} = {used / GIB:.2f} GiB of {chip.hbm_bytes / GIB:.0f} "
-              f"({'fits' if used <= chip.hbm_bytes else 'DOES NOT FIT'}); FLOPs/device compiled "
-              f"{compiled_flops / 1e12:.3f} T, analytic {analytic / 1e12:.3f} T "
-              f"(ratio {compiled_flops / analytic:.3f}); HBM bytes accessed {bytes_accessed / 1e9:.2f} GB; "
-              f"roofline {step_s * 1e3:.1f} ms/step")
+        r, compiled = analyze_phase(config, devices, phase)
+        print_phase(r, target, budget, verbose)
+        total_seconds += max(r.roofline(target)[:2]) * (phase.end - phase.start)
+        if r.needed > budget and failing is None:
+            failing = (phase, r, compiled)
+        fits &= r.needed <= budget
     print(f"  roofline for the whole schedule ({config.total_steps} steps): {total_seconds / 86400:.2f} days")
+    if failing is not None:
+        phase, r, compiled = failing
+        accumulation = memory.accumulation_estimate(compiled, budget, phase.batch_size, config.grad_accum_steps,
+                                                    mesh_shape[0] * mesh_shape[1])
+        if accumulation:
+            trial = config.copy_and_resolve_references()
+            trial.grad_accum_steps = accumulation
+            again, _ = analyze_phase(trial, devices, phase)
+            print(f"  phase {phase.index} with --config.grad_accum_steps={accumulation}: {again.needed / GIB:.2f} GiB "
+                  f"({'fits' if again.needed <= budget else 'DOES NOT FIT'})")
+            accumulation = accumulation if again.needed <= budget else None
+        print(f"aot: {memory.does_not_fit(phase, r.needed, budget, source, accumulation)}", file=sys.stderr)
     return fits
 
 
@@ -224,9 +228,9 @@ def main(argv):
 
     f = flags.FLAGS
     try:
-        ok = report(f.config, topology_for(f.topology))
+        ok = report(f.config, f.topology, verbose=f.verbose)
     except ImportError as e:
-        raise SystemExit(f"aot: {e} (install libtpu: pip install 'libtpu==0.0.42.*')") from None
+        raise SystemExit(f"aot: {e}") from None
     except errors.USER_ERRORS as e:
         raise errors.exit_with("aot", e) from None
     sys.exit(0 if ok else 1)
@@ -234,14 +238,16 @@ def main(argv):
 
 def define_flags() -> None:
     """Defines the command line's flags: `--config` (a pre-training recipe and its `--config.*` overrides, parsed
-    as `bert_jax.train` parses them) and `--topology` (a TOPOLOGIES name or gcloud's accelerator type)."""
+    as `bert_jax.train` parses them), `--topology` (a `targets.target` name) and `--verbose`."""
     from absl import flags
     from bert_jax import configs
 
     configs.define_flag("Pre-training config, e.g. pretrain:base (a recipe name, or a config file path).")
-    gcloud = ", ".join(accelerator_type_of(t) for t in TOPOLOGIES)
-    flags.DEFINE_string("topology", "v3-32", f"One of {sorted(TOPOLOGIES)}, or gcloud's accelerator type of one "
-                        f"(the launcher's --accelerator_type: {gcloud}).")
+    gcloud = ", ".join(targets.accelerator_type_of(t) for t in targets.TOPOLOGIES)
+    flags.DEFINE_string("topology", "v3-32", f"A TPU slice, one of {sorted(targets.TOPOLOGIES)} or gcloud's "
+                        f"accelerator type of one (the launcher's --accelerator_type: {gcloud}); or a GPU machine "
+                        f"[HOSTSx][Nx]GPU, GPU one of {sorted(targets.GPUS)} (e.g. h100, 8xh100, 2x8xa100-80gb).")
+    flags.DEFINE_bool("verbose", False, "Also print each phase's 15 kernels that move the most HBM bytes.")
     flags.mark_flags_as_required(["config"])
 
 

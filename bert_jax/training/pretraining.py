@@ -38,8 +38,9 @@ import optax
 
 from bert_jax.checkpoints import checkpointing, sources
 from bert_jax.training import distributed, evaluation, loop, losses, sharding, steps, summaries
+from bert_jax.training.compiled import memory
 from bert_jax import errors, storage
-from bert_jax.model import flops, modeling
+from bert_jax.model import bert_config, flops, modeling
 from bert_jax.data.pretraining import stream as data_stream
 from bert_jax.training.steps import TrainState
 
@@ -48,6 +49,8 @@ BATCH_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_posi
                 "masked_lm_weights", "next_sentence_labels")
 # The fields packed rows add (`bert_jax.data.pretraining.packing`): next_sentence_labels is then [B, K].
 PACKED_FIELDS = ("segment_ids", "position_ids", "next_sentence_positions", "next_sentence_weights")
+# config.precompile: every phase's step compiled (and its memory checked) before step 0: "auto" on accelerators.
+PRECOMPILE = ("auto", "always", "never")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -127,8 +130,14 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
             raise ValueError(f"config.{field}={config[field]} must be at least 1")
     if config.get("mlm_bias_init", "zeros") not in ("zeros", "log_prior"):
         raise ValueError(f"config.mlm_bias_init={config.mlm_bias_init!r} is not 'zeros' or 'log_prior'")
+    if config.get("precompile", "auto") not in PRECOMPILE:
+        raise ValueError(f"config.precompile={config.precompile!r} is not one of {list(PRECOMPILE)}")
+    if config.get("device_memory_gib", 0.0) < 0:
+        raise ValueError(f"config.device_memory_gib={config.device_memory_gib} must be >= 0 (0: the device's own)")
     if config.get("data_workers", 0) < 0:
         raise ValueError(f"config.data_workers={config.data_workers} must be non-negative")
+    from bert_jax.data.pretraining import loader
+
     metadata = []
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
@@ -142,49 +151,14 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
                              f"{jax.process_count()} processes")
         sharding.check_process_rows(mesh, p.batch_size)
         if need_data:
-            metadata.append(_check_data(p.data_dir, f"config.phases[{p.index}].data_dir", config, p.max_seq_length,
-                                        p.max_predictions_per_seq, p.masking()))
+            metadata.append(loader.check_data_dir(p.data_dir, f"config.phases[{p.index}].data_dir",
+                                                  config.model.vocab_size, p.max_seq_length,
+                                                  p.max_predictions_per_seq, p.masking()))
     if need_data:
-        eval_meta = _check_data(config.eval_data_dir, "config.eval_data_dir", config) if config.eval_data_dir else None
+        eval_meta = (loader.check_data_dir(config.eval_data_dir, "config.eval_data_dir", config.model.vocab_size)
+                     if config.eval_data_dir else None)
         evaluation.check(config, phases, metadata, eval_meta)
     return phases
-
-
-def _check_data(data_dir: str, field: str, config, max_seq_length: int | None = None,
-                max_predictions_per_seq: int | None = None, masking: dict | None = None) -> dict:
-    """The metadata.json of the instance directory in config `field`, checked against the config: its
-    length, predictions and masking (`procedure.MASKING_FIELDS`; static instances were masked when written,
-    so a phase's field must equal the metadata flag) when given, its vocabulary size, and its shards present
-    and complete (so that phase 2's or the eval's data fail at the start, not at their first use). One-line
-    FileNotFoundError / ValueError."""
-    from bert_jax.data.pretraining import formats, procedure
-
-    meta_file = storage.join(data_dir, "metadata.json")
-    if not storage.is_file(meta_file):
-        raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
-                                "(run python -m bert_jax.data.create_pretraining_data first)")
-    meta = formats.read_metadata(data_dir)
-    if meta.get("vocab_size", 0) > config.model.vocab_size:
-        raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
-                         f"config.model.vocab_size={config.model.vocab_size}")
-    if formats.is_documents(meta):  # tokenized documents: instances are drawn at any length
-        formats.check(data_dir, meta)
-        return meta
-    flags = meta["flags"]
-    if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (
-            max_seq_length, max_predictions_per_seq):
-        raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
-                         f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
-    mismatch = procedure.masking_mismatch(flags, masking or {})
-    if mismatch:
-        name, wanted, held = mismatch
-        phase = field.rsplit(".", 1)[0]
-        raise ValueError(f"{phase}.{name}={wanted} but {data_dir} holds static instances masked with "
-                         f"{name}={held} (fixed when they were written): set {phase}.{name}={held}, or give the "
-                         f"phase tokenized documents (create_pretraining_data --tokenize_only), drawn while "
-                         f"training with its masking")
-    formats.check(data_dir, meta)
-    return meta
 
 
 # ----------------------------------------------------------------------------- state and steps
@@ -325,6 +299,41 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     return Program(model, tx, schedule, abstract, shardings, step, evaluate)
 
 
+def lower_step(program: Program, mesh: jax.sharding.Mesh, phase: Phase) -> jax.stages.Lowered:
+    """`program.train_step` lowered for `phase`'s batches (`batch_shapes`, sharded over (data, fsdp)) and the
+    state's abstract tree: what a run's first step of that phase compiles (`aot` compiles the same)."""
+    state = checkpointing.abstract_like(program.abstract, program.shardings)
+    batch = {k: jax.ShapeDtypeStruct(s, dtype, sharding=sharding.batch_sharding(mesh, len(s)))
+             for k, (s, dtype) in batch_shapes(phase).items()}
+    with jax.set_mesh(mesh):
+        return program.train_step.lower(state, batch)
+
+
+def compile_phases(config, program: Program, mesh: jax.sharding.Mesh, phases: list[Phase]) -> dict[int, Callable]:
+    """{phase index: compiled train step} of `phases`, each checked against the memory a device may use
+    (`memory.device_budget`), for config.precompile "always", or "auto" on an accelerator; else {}.
+
+    Raises:
+      ValueError: (one line, `memory.does_not_fit`) a phase's step needs more memory than a device may use.
+    """
+    device = mesh.devices.flat[0]
+    mode = config.get("precompile", "auto")
+    if mode == "never" or (mode == "auto" and device.platform == "cpu"):
+        return {}
+    budget, source = memory.device_budget(device, config.get("device_memory_gib", 0.0))
+    compiled = {}
+    for phase in phases:
+        with jax.set_mesh(mesh):
+            step = lower_step(program, mesh, phase).compile()
+        needed = memory.needed_bytes(step)
+        if budget is not None and needed > budget:
+            accumulation = memory.accumulation_estimate(step, budget, phase.batch_size, config.grad_accum_steps,
+                                                        sharding.batch_axis_size(mesh))
+            raise ValueError(memory.does_not_fit(phase, needed, budget, source, accumulation))
+        compiled[phase.index] = step
+    return compiled
+
+
 def batch_shapes(phase: Phase) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """{field: (global shape, dtype)} of `phase`'s batches: those of `bert_jax.data.pretraining.loader` (B = batch_size,
     L = max_seq_length, P = max_predictions_per_seq), or packed (`bert_jax.data.pretraining.packing`: P the row's
@@ -421,6 +430,7 @@ def _train(config, workdir: str, max_steps: int | None, preemption: loop.Preempt
     storage.check_output_dir(workdir, "--workdir")
     mesh = steps.make_mesh(config.mesh)
     recipe, (config, init) = config.model, sources.pretraining_source(config, workdir)
+    config.model.dtype = bert_config.resolve_dtype(config.model.dtype, mesh.devices.flat[0].platform)  # recorded
     phases = validate(config, mesh)
     vocab_file, do_lower_case = sources.data_vocabulary(config, init)
     program = build(config, mesh)
@@ -459,6 +469,7 @@ class _Run:
         self.start_state = state
         step = int(jax.device_get(state.step))
         self.phase = _phase_at(phases, step)
+        self.steps = compile_phases(config, program, mesh, phases[self.phase.index:])  # before step 0: fits or stops
         resume = data_state["iterator"] if data_state and data_state["phase"] == self.phase.index else None
         order = None
         if isinstance(resume, dict) and "per_process" in resume:  # packed / dynamic: each process's own state
@@ -491,7 +502,8 @@ class _Run:
                 if self.held_out is not None:
                     self.held_out.batches(self.phase)  # the new phase's evaluation batches, before its first step
                 self.runner.recompiling()
-            yield self.program.train_step, global_batch(next(self.iterator), self.mesh)
+            yield (self.steps.get(self.phase.index, self.program.train_step),
+                   global_batch(next(self.iterator), self.mesh))
 
     def log(self, step: int, values: dict[str, float], lap: steps.Lap) -> dict[str, str]:
         """Writes the step's metrics with the window's throughput (sequences, tokens, MFU) as "train"."""

@@ -408,3 +408,41 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
                 "global_batch_size": global_batch_size, "num_instances": num_instances}
     return PretrainingIterator(ds, metadata=metadata, local_batch_size=local_batch_size, settings=settings,
                                worker_count=worker_count)
+
+
+def check_data_dir(data_dir: str, field: str, vocab_size: int, max_seq_length: int | None = None,
+                   max_predictions_per_seq: int | None = None, masking: dict | None = None) -> dict:
+    """The metadata.json of the instance directory in config `field` (pre-training's `validate`), checked against
+    the model's `vocab_size` and the phase: its
+    length, predictions and masking (`procedure.MASKING_FIELDS`; static instances were masked when written,
+    so a phase's field must equal the metadata flag) when given, its vocabulary size, and its shards present
+    and complete (so that phase 2's or the eval's data fail at the start, not at their first use). One-line
+    FileNotFoundError / ValueError."""
+    from bert_jax import storage
+
+    meta_file = storage.join(data_dir, "metadata.json")
+    if not storage.is_file(meta_file):
+        raise FileNotFoundError(f"{field}={data_dir!r}: no metadata.json "
+                                "(run python -m bert_jax.data.create_pretraining_data first)")
+    meta = formats.read_metadata(data_dir)
+    if meta.get("vocab_size", 0) > vocab_size:
+        raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
+                         f"vocab_size={vocab_size}")
+    if formats.is_documents(meta):  # tokenized documents: instances are drawn at any length
+        formats.check(data_dir, meta)
+        return meta
+    flags = meta["flags"]
+    if max_seq_length is not None and (flags["max_seq_length"], flags["max_predictions_per_seq"]) != (
+            max_seq_length, max_predictions_per_seq):
+        raise ValueError(f"{field.rsplit('.', 1)[0]} wants length {max_seq_length} / {max_predictions_per_seq} "
+                         f"predictions but {data_dir} holds {flags['max_seq_length']} / {flags['max_predictions_per_seq']}")
+    mismatch = procedure.masking_mismatch(flags, masking or {})
+    if mismatch:
+        name, wanted, held = mismatch
+        phase = field.rsplit(".", 1)[0]
+        raise ValueError(f"{phase}.{name}={wanted} but {data_dir} holds static instances masked with "
+                         f"{name}={held} (fixed when they were written): set {phase}.{name}={held}, or give the "
+                         f"phase tokenized documents (create_pretraining_data --tokenize_only), drawn while "
+                         f"training with its masking")
+    formats.check(data_dir, meta)
+    return meta
