@@ -6,7 +6,7 @@
 #
 #   launch/tpu_vm_pod.sh --name bert-base --zone europe-west4-a --accelerator_type v3-32 \
 #       --workdir gs://my-bucket/bert-base --delete -- --config pretrain:base \
-#       --config.model.dtype=bfloat16 '--config.phases[0].data_dir=gs://my-bucket/docs' \
+#       '--config.phases[0].data_dir=gs://my-bucket/docs' \
 #       '--config.phases[1].data_dir=gs://my-bucket/docs'
 #
 # Check the program first, on any machine: `python -m bert_jax.aot --topology TYPE` with the same --config

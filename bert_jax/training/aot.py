@@ -146,7 +146,10 @@ def print_phase(r: PhaseReport, target: targets.Target, budget: float, verbose: 
           f"{mem.output_size_in_bytes / GIB:.2f} - aliased {mem.alias_size_in_bytes / GIB:.2f} = "
           f"{r.needed / GIB:.2f} GiB of {budget / GIB:.2f} ({fits}); FLOPs/device {xla}; {bytes_line}; "
           f"roofline {max(compute, memory_s) * 1e3:.1f} ms/step")
-    kinds = ", ".join(f"{kind} {n} ({_gb(b)})" for kind, (n, b) in stats.by("kind").items())
+    table = list(stats.by("kind").items())
+    kinds = ", ".join(f"{kind} {n} ({_gb(b)})" for kind, (n, b) in table[:6])
+    if len(table) > 6:
+        kinds += f", {len(table) - 6} other kinds {sum(n for _, (n, _b) in table[6:])} ({_gb(sum(b for _, (_n, b) in table[6:]))})"
     passes = ", ".join(f"{name} {n} ({_gb(b)})" for name, (n, b) in stats.by("phase").items())
     print(f"    kernels per step {stats.kernel_launches}: {kinds}")
     print(f"    by pass: {passes}")
@@ -193,9 +196,9 @@ def report(config, topology_name: str, verbose: bool = False) -> bool:
     config = resolved(config, target.platform)
     bert = pretraining.create_model(config).config
     kind = target.gpu.description if target.gpu else devices[0].device_kind
-    print(f"{target.name}: {len(devices)} devices ({kind}), mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
-          f"model dtype {bert.dtype}, kernels {bert.kernels}, grad_accum_steps {config.grad_accum_steps}; memory a "
-          f"device may use {budget / GIB:.2f} GiB ({source})")
+    print(f"{target.name}: {len(devices)} devices, mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}, "
+          f"model dtype {bert.dtype}, kernels {bert.kernels}, grad_accum_steps {config.grad_accum_steps}; {kind}, "
+          f"memory a device may use {budget / GIB:.2f} GiB ({source})")
     fits, total_seconds, failing = True, 0.0, None
     for phase in phases:
         r, compiled = analyze_phase(config, devices, phase)

@@ -22,7 +22,9 @@ h100_sxm, h100_pcie, h200, b200); the peaks are NVIDIA's data sheets' dense bflo
 sparsity): A100 312, H100 SXM and H200 989, H100 PCIe 756, B200 2250 TFLOP/s.
 
 The memory a GPU run may use is not the card's: jax's GPU client preallocates a fraction of it,
-XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 unless set), and a program must fit in that (`Target.memory_budget`).
+XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 unless set), and a program must fit in that (`Target.memory_budget`). XLA's
+GPU compiler plans each program (its scheduler's overlap, its rematerialisation) within the memory the run will
+have, so the compile-only devices are told that budget, as a real run's compiler is.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from bert_jax.model import flops
 
 GIB = 1024**3
 DEFAULT_MEM_FRACTION = 0.75  # jax's GPU client's preallocation, XLA_PYTHON_CLIENT_MEM_FRACTION
+SCHEDULER_SHARE = 0.8  # XLA's GPU scheduler plans within this share of a device's memory, given none by the client
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +77,9 @@ class Gpu:
     shared_per_block_optin: int
     peak_flops: float
 
-    def target_config(self) -> str:
-        """This GPU's `stream_executor.GpuTargetConfigProto` in text format (what `get_topology_desc` takes)."""
+    def target_config(self, memory_bytes: int | None = None) -> str:
+        """This GPU's `stream_executor.GpuTargetConfigProto` in text format (what `get_topology_desc` takes), with
+        `memory_bytes` as its device memory when given (default `memory_bytes` of the card)."""
         major, minor = self.compute_capability
         accelerated = "ACCELERATED_FEATURES" if major >= 9 else "NONE"
         return f"""gpu_device_info {{
@@ -92,7 +96,7 @@ class Gpu:
   memory_bandwidth: {int(self.bandwidth)}
   l2_cache_size: {self.l2_bytes}
   clock_rate_ghz: {self.clock_ghz}
-  device_memory_size: {self.memory_bytes}
+  device_memory_size: {memory_bytes or self.memory_bytes}
   shared_memory_per_block_optin: {self.shared_per_block_optin}
   cuda_compute_capability {{
     major: {major}
@@ -208,8 +212,12 @@ class Target:
                 importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
             raise ImportError("jax's CUDA plugin is not installed, so there is no GPU compiler "
                               "(pip install -e '.[gpu-aot]')")
+        # XLA's GPU scheduler and rematerialisation plan a program within a memory limit: on a real GPU the
+        # allocator's (jax passes its bytes_limit as the build's device_memory_size), without one 80% of the target
+        # config's device memory. Telling it budget / 0.8 makes the compile-only program plan within the budget.
+        planned = int(self.memory_budget()[0] / SCHEDULER_SHARE)
         try:
-            return topologies.get_topology_desc(platform="cuda", target_config=self.gpu.target_config(),
+            return topologies.get_topology_desc(platform="cuda", target_config=self.gpu.target_config(planned),
                                                 topology=f"1x{self.hosts}x{self.per_host}").devices
         except NotImplementedError:
             raise ImportError("jax's CUDA plugin did not load, so there is no GPU compiler (on a machine without a "
