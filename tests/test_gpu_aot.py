@@ -153,15 +153,19 @@ def test_run_whose_second_phase_does_not_fit_stops_before_step_0(small_instances
              for p in pretraining.resolve_phases(config)]
     assert needs[1] > 2 * needs[0]
     limit = (needs[0] + needs[1]) / 2 / memory.GIB
+
+    def train(workdir, limit_gib):
+        return subprocess.run([sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir",
+                               str(workdir), f"--config.model.vocab_size={SMALL_VOCAB_SIZE}",
+                               f"--config.phases[0].data_dir={small_instances / 'p1'}",
+                               f"--config.phases[1].data_dir={small_instances / 'p2'}",
+                               "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=64",
+                               "--config.total_steps=20", "--config.warmup_steps=2", "--config.mesh.num_devices=1",
+                               "--config.precompile=always", f"--config.device_memory_gib={limit_gib}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+
     workdir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir",
-                             str(workdir), f"--config.model.vocab_size={SMALL_VOCAB_SIZE}",
-                             f"--config.phases[0].data_dir={small_instances / 'p1'}",
-                             f"--config.phases[1].data_dir={small_instances / 'p2'}",
-                             "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=64",
-                             "--config.total_steps=20", "--config.warmup_steps=2", "--config.mesh.num_devices=1", "--config.precompile=always",
-                             f"--config.device_memory_gib={limit}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = train(workdir, limit)
     assert result.returncode == 1, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("train: phase 1 (batch 64 x 128) needs ") and f"config.device_memory_gib={limit:g}" in last
@@ -169,14 +173,7 @@ def test_run_whose_second_phase_does_not_fit_stops_before_step_0(small_instances
     assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
     assert not (workdir / "metrics.jsonl").exists()
     # The limit above both: the run trains through the switch on the steps compiled before step 0.
-    result = subprocess.run([sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir",
-                             str(tmp_path / "fits"), f"--config.model.vocab_size={SMALL_VOCAB_SIZE}",
-                             f"--config.phases[0].data_dir={small_instances / 'p1'}",
-                             f"--config.phases[1].data_dir={small_instances / 'p2'}",
-                             "--config.phases[0].batch_size=8", "--config.phases[1].batch_size=64",
-                             "--config.total_steps=20", "--config.warmup_steps=2", "--config.mesh.num_devices=1", "--config.precompile=always",
-                             f"--config.device_memory_gib={2 * needs[1] / memory.GIB}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = train(tmp_path / "fits", 2 * needs[1] / memory.GIB)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["step"] == 20 and metrics["phase"] == 1 and np.isfinite(metrics["loss"])
