@@ -64,6 +64,32 @@ def test_value_and_gradients_equal_the_reference(dtype, rate, block_q, block_k, 
         np.testing.assert_allclose(g / scale, w / scale, rtol=0, atol=tol, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype,rate", [("float32", 0.1), ("bfloat16", 0.1)])
+def test_token_major_layout_equals_heads_major(dtype, rate):
+    """layout="BLNH" ([B, L, N, H], the projections' own layout) reads and writes the same (b, n) slices in place:
+    its context and gradients are the heads-major call's, transposed, with the same dropout mask."""
+    q, k, v, weight = _inputs(jnp.dtype(dtype))
+    seed = flash_gpu.seeds(jax.random.key(3))
+    segments = jnp.asarray(SEGMENTS)
+
+    def run(layout):
+        swap = (lambda x: x) if layout == "BNLH" else (lambda x: jnp.swapaxes(x, 1, 2))
+
+        def f(q, k, v):
+            out = flash_gpu.attention(swap(q), swap(k), swap(v), segments, dropout_rate=rate, seed=seed, block_q=32,
+                                      block_k=16, interpret=True, layout=layout)
+            return swap(out)
+
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out, *vjp(weight.astype(out.dtype)))
+
+    for name, a, b in zip(("context", "dq", "dk", "dv"), run("BNLH"), run("BLNH")):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-6,
+                                   err_msg=name)
+    with pytest.raises(ValueError, match="^flash attention's layout is 'BNLH' or 'BLNH', got 'NLH'$"):
+        flash_gpu.attention(q, k, v, segments, layout="NLH", interpret=True)
+
+
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
 def _implied_mask(seed, block_q, block_k, lead_hashes=None):
     """The kept entries of the [b, n, L, L] probabilities: uniform attention over one segment (q = 0) of an

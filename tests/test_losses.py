@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,3 +83,27 @@ def test_classification_loss_and_accuracy():
     assert float(total) == pytest.approx(expected, rel=1e-6) and float(count) == 2.0
     correct, _ = losses.classification_accuracy(logits, jnp.array([0, 1]))
     assert float(correct) == 1.0
+
+
+def test_cross_entropy_value_and_gradient_equal_optax():
+    """The one-pass gradient (`losses._nll`) against autodiff of optax's integer-label cross-entropy, float32
+    and bfloat16 logits, weighted as the MLM loss weights them."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (4, 5, 37)).astype(np.float32)
+    labels = rng.integers(0, 37, (4, 5)).astype(np.int32)
+    weights = rng.integers(0, 2, (4, 5)).astype(np.float32)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jnp.asarray(logits, dtype)
+
+        def ours(x):
+            return losses.masked_lm_loss(x, labels, weights)[0]
+
+        def theirs(x):
+            nll = optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), labels)
+            return jnp.sum(nll * weights)
+
+        np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(ours)(x).astype(np.float32), jax.grad(theirs)(x).astype(np.float32),
+                                   rtol=1e-5, atol=1e-6)

@@ -25,9 +25,32 @@ Array = jax.Array
 
 
 def _cross_entropy(logits: Array, labels: Array) -> Array:
-    """logits [..., K] (any float dtype), labels int [...] -> float32 [...] negative log-likelihood,
-    computed in float32 (optax's integer-label cross-entropy)."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels.astype(jnp.int32))
+    """logits [..., K] (any float dtype), labels int [...] in [0, K) -> float32 [...] negative log-likelihood,
+    computed in float32: optax's integer-label cross-entropy (its value; tests/test_losses.py), with the gradient
+    softmax(logits) - onehot(labels) written in one pass over the logits (`_nll`)."""
+    return _nll(logits.astype(jnp.float32), labels.astype(jnp.int32))
+
+
+@jax.custom_vjp
+def _nll(logits: Array, labels: Array) -> Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def _nll_fwd(logits, labels):
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    nll = lse - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return nll, (logits, lse, labels)
+
+
+def _nll_bwd(residuals, g):
+    """d nll / d logits = softmax(logits) - onehot(labels): one elementwise pass over the saved logits (autodiff's
+    form scatters the label's gradient into a zero [..., K] array and adds it, two passes more)."""
+    logits, lse, labels = residuals
+    onehot = jnp.arange(logits.shape[-1], dtype=jnp.int32) == labels[..., None]
+    return g[..., None] * (jnp.exp(logits - lse[..., None]) - onehot), None
+
+
+_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
 def masked_lm_loss(logits: Array, masked_lm_ids: Array, masked_lm_weights: Array) -> tuple[Array, Array]:

@@ -98,6 +98,7 @@ class _Static:
     block_k: int
     threshold: int  # drop where (h >> 16) < threshold; 0: no dropout
     interpret: bool
+    heads_major: bool  # q, k, v, o laid out [B, N, L, H]; False: [B, L, N, H]
     num_warps: int
     num_stages: int
 
@@ -237,10 +238,23 @@ def _common_specs(batch: int, heads: int, length: int):
             pl.BlockSpec((None, length), lambda b, n, i: (b, 0))]
 
 
+def _dims(static: _Static, x: Array) -> tuple[int, int, int, int]:
+    """(B, N, L, H) of q, k, v or o in the call's layout."""
+    return x.shape if static.heads_major else (x.shape[0], x.shape[2], x.shape[1], x.shape[3])
+
+
+def _tile(static: _Static, rows: int, head: int, whole: bool = False) -> pl.BlockSpec:
+    """The [rows, H] block of (b, n) at row block i, for a (b, n, i) grid, in the call's layout; whole: the
+    whole [L, H] slice of (b, n) (rows = L) whatever i."""
+    if static.heads_major:
+        return pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, 0 if whole else i, 0))
+    return pl.BlockSpec((None, rows, None, head), lambda b, n, i: (b, 0 if whole else i, n, 0))
+
+
 def _forward(static: _Static, lead, seed, seg, q, k, v):
-    batch, heads, length, head = q.shape
-    tile = lambda rows: pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, i, 0))  # noqa: E731
-    whole = pl.BlockSpec((None, None, length, head), lambda b, n, i: (b, n, 0, 0))
+    batch, heads, length, head = _dims(static, q)
+    tile = lambda rows: _tile(static, rows, head)  # noqa: E731
+    whole = _tile(static, length, head, whole=True)
     return _call(_forward_kernel, static, (batch, heads, length // static.block_q),
                  _common_specs(batch, heads, length) + [tile(static.block_q), whole, whole],
                  [tile(static.block_q), pl.BlockSpec((None, None, static.block_q), lambda b, n, i: (b, n, i))],
@@ -260,14 +274,15 @@ def _flash_fwd(static, lead, seed, seg, q, k, v):
 
 def _flash_bwd(static, residuals, do):
     lead, seed, seg, q, k, v, o, lse = residuals
-    batch, heads, length, head = q.shape
+    batch, heads, length, head = _dims(static, q)
     do = do.astype(q.dtype)
     # D_i = rowsum(dO_i * O_i) = rowsum(dP_d * P_d) (algorithm 4): one elementwise pass, float32.
-    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # [B, N, L]
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # [B, N, L] ([B, L, N]: swapped)
+    delta = delta if static.heads_major else jnp.swapaxes(delta, 1, 2)
     common = _common_specs(batch, heads, length)
-    whole = pl.BlockSpec((None, None, length, head), lambda b, n, i: (b, n, 0, 0))
+    whole = _tile(static, length, head, whole=True)
     whole_row = pl.BlockSpec((None, None, length), lambda b, n, i: (b, n, 0))
-    tile = lambda rows: pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, i, 0))  # noqa: E731
+    tile = lambda rows: _tile(static, rows, head)  # noqa: E731
     tile_row = lambda rows: pl.BlockSpec((None, None, rows), lambda b, n, i: (b, n, i))  # noqa: E731
     bq, bk = static.block_q, static.block_k
     dq = _call(_dq_kernel, static, (batch, heads, length // bq),
@@ -315,7 +330,7 @@ def supported(dtype, head_size: int, length: int) -> bool:
 
 def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dropout_rate: float = 0.0,
               seed: Array | None = None, lead_hashes: Array | None = None, block_q: int | None = None,
-              block_k: int | None = None, interpret: bool = False) -> Array:
+              block_k: int | None = None, interpret: bool = False, layout: str = "BNLH") -> Array:
     """Fused attention with inverted dropout on the attention probabilities.
 
     context = (keep / keep_prob * softmax(query key^T + mask)) value per (b, n), the softmax over the keys of
@@ -335,19 +350,24 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
       block_q, block_k: query and key tile lengths (default 64, clipped to L); must divide L. Neither changes
         the result beyond float rounding order, nor the dropout mask.
       interpret: run in Pallas's interpreter (any backend; the CPU tests).
+      layout: "BNLH" (query, key, value and the context [B, N, L, H]) or "BLNH" ([B, L, N, H], the projections'
+        own layout: the kernels read and write the (b, n) slices in place, no transpose to heads-major and back).
 
     Returns:
-      context [B, N, L, H] in query's dtype.
+      context [B, N, L, H] in query's dtype ([B, L, N, H] for layout "BLNH").
 
     Raises:
-      ValueError (one line): shapes that differ from [B, N, L, H] / [B, L], a head size that is not a
+      ValueError (one line): an unknown layout, shapes that differ from [B, N, L, H] / [B, L], a head size that is not a
         multiple of 8 in [8, 128], another dtype, a length not divisible by a block (or, on a GPU, a block
         that is not a power of two >= 16), dropout_rate outside [0, 1), dropout without a seed.
     """
+    if layout not in ("BNLH", "BLNH"):
+        raise ValueError(f"flash attention's layout is 'BNLH' or 'BLNH', got {layout!r}")
     if query.ndim != 4 or key.shape != query.shape or value.shape != query.shape:
-        raise ValueError(f"flash attention needs query, key, value of one shape [B, N, L, H], got "
+        raise ValueError(f"flash attention needs query, key, value of one shape [{', '.join(layout)}], got "
                          f"{query.shape}, {key.shape}, {value.shape}")
-    batch, heads, length, head = query.shape
+    batch, heads, length, head = query.shape if layout == "BNLH" else (query.shape[0], query.shape[2],
+                                                                       query.shape[1], query.shape[3])
     if segment_ids.shape != (batch, length):
         raise ValueError(f"flash attention needs segment_ids [B, L] = {(batch, length)}, got {segment_ids.shape}")
     if key.dtype != query.dtype or value.dtype != query.dtype:
@@ -371,7 +391,8 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
     pad = [(0, 0)] * 3 + [(0, padded - head)]
     q, k, v = ((x if padded == head else jnp.pad(x, pad)) for x in (query, key, value))
     static = _Static(block_q=_block(block_q, length), block_k=_block(block_k, length), threshold=threshold,
-                     interpret=interpret, num_warps=4 if padded <= 64 else 8, num_stages=2)
+                     interpret=interpret, heads_major=layout == "BNLH", num_warps=4 if padded <= 64 else 8,
+                     num_stages=2)
     out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), q, k, v)
     return out if padded == head else out[..., :head]
 

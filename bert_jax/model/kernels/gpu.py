@@ -1,5 +1,9 @@
-"""The "gpu" kernel set: the reference forms with the hashed dropout, and fused attention where it applies.
+"""The "gpu" kernel set: the reference forms with the hashed dropout, the recomputing GELU, and fused attention
+where it applies.
 
+  gelu        the exact (erf) GELU whose gradient recomputes Phi(x) and phi(x) from the saved bfloat16 input
+              (`bert_jax.model.kernels.xla_cpu.gelu`, the tpu set's): autodiff of the reference keeps a float32
+              copy of the [B*L, I] pre-activation between the passes, twice the bytes of the input.
   dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
               a hash of its index, instead of one threefry draw per element.
   attention   softmax(q k^T + mask) v without writing the [L, L] scores to HBM, on per-token segment ids
@@ -31,7 +35,7 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.model.kernels import dropout, flash_gpu, reference
+from bert_jax.model.kernels import dropout, flash_gpu, reference, xla_cpu
 from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
@@ -51,19 +55,21 @@ def applies(dtype, head_size: int, length: int, dropout: bool) -> bool:
 
 
 def _flash(query, key, value, segment_ids, dropout_rate: float, seed: jax.Array) -> jax.Array:
-    """flash_gpu's attention, per device under shard_map where a mesh splits the batch or heads; each device
-    draws its slice of the global [B, N, L, L] mask (`flash_gpu.make_lead_hashes` of the global shape)."""
-    batch, heads = query.shape[:2]
+    """flash_gpu's attention on query, key, value [B, L, N, H] (the projections' layout, "BLNH": no transpose to
+    heads-major and back) -> [B, L, N, H], per device under shard_map where a mesh splits the batch or heads;
+    each device draws its slice of the global [B, N, L, L] mask (`flash_gpu.make_lead_hashes` of the global
+    shape)."""
+    batch, heads = query.shape[0], query.shape[2]
     lead = flash_gpu.make_lead_hashes(seed, batch, heads)  # int32 [B, N]
 
     def local(q, k, v, s, lead_hashes, seed):
         return flash_gpu.attention(q, k, v, s, dropout_rate=dropout_rate, seed=seed, lead_hashes=lead_hashes,
-                                   interpret=INTERPRET)
+                                   interpret=INTERPRET, layout="BLNH")
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES + (HEADS_AXIS,)) <= set(mesh.axis_names):
         return local(query, key, value, segment_ids, lead, seed)
-    qkv = P(BATCH_AXES, HEADS_AXIS, None, None)
+    qkv = P(BATCH_AXES, None, HEADS_AXIS, None)
     return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, P(BATCH_AXES, None), P(BATCH_AXES, HEADS_AXIS),
                                                      P()),
                          out_specs=qkv, check_vma=False)(query, key, value, segment_ids, lead, seed)
@@ -83,12 +89,15 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
     if dropout_rate > 0:
         if seed is None:
             raise ValueError(f"gpu attention with dropout_rate={dropout_rate} needs a seed")
-        return _flash(query, key, value, segment_ids, dropout_rate, seed)
+        # The model's [B, N, L, H] is its projections' [B, L, N, H] transposed: XLA cancels the two transposes.
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
+        return jnp.swapaxes(_flash(q, k, v, segment_ids, dropout_rate, seed), 1, 2)
     mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]  # [B, 1, L, L]
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # [B, L, N, H]
     out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation=IMPLEMENTATION)
     return jnp.swapaxes(out, 1, 2)
 
 
-KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
+KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", gelu=xla_cpu.gelu, dropout=dropout.HashedDropout,
+                              attention=attention,
                               attention_applies=applies, attention_dropout=True)
