@@ -10,6 +10,10 @@ program or test that imports bert_jax keeps its process as it is. For the whole 
     single-host topology (`SINGLE_HOST`: one host, this one); the probe then fails silently (JAX's own
     INFO record of it, "Unable to initialize backend 'tpu'", is dropped too), and the compile-only
     topologies of `bert_jax.aot` are the same. On a TPU VM nothing is set: libtpu's errors show.
+  - jax's CUDA plugin failing to start on a host without an NVIDIA GPU (no `NVIDIA_DEVICES` file): with the
+    `gpu-aot` extra installed (compiling for GPUs ahead of time), JAX tries the plugin at every start and logs
+    "Jax plugin configuration error" with a traceback, then runs on the CPU; that record is dropped. On a host
+    with a GPU it shows.
   - the late reports of a failure the command has already reported in one line (`checkpointing`: an
     unreadable checkpoint, a save out of disk space). Orbax's other work of the failed operation reports
     it again from other threads, often at exit; dropped are Orbax's ERROR logs of a save out of space
@@ -40,6 +44,7 @@ from typing import Iterator, Mapping
 from bert_jax import storage
 
 TPU_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*")  # a TPU's device files: v2-v4 (accel), v5 and later (vfio groups)
+NVIDIA_DEVICES = ("/dev/nvidia[0-9]*",)  # an NVIDIA GPU's device files
 SINGLE_HOST = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
 # Variables that describe a TPU topology (or force JAX's TPU set-up): where one is set, libtpu's are left alone.
 TOPOLOGY_VARIABLES = ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS", "TPU_PROCESS_BOUNDS", "TPU_PROCESS_ADDRESSES",
@@ -61,6 +66,7 @@ class _Console:
         self.installed = False
         self.failed_paths: set[str] = set()
         self._environ: dict[str, str] = {}
+        self._no_gpu = False
         self._hook = None
         self._warnings: list = []
 
@@ -69,7 +75,8 @@ class _Console:
             return
         self._environ = libtpu_settings(os.environ)
         os.environ.update(self._environ)
-        if self._environ:
+        self._no_gpu = not any(glob.glob(pattern) for pattern in NVIDIA_DEVICES)
+        if self._environ or self._no_gpu:
             logging.getLogger("jax._src.xla_bridge").addFilter(self.keep_jax)
         self._hook, sys.unraisablehook = sys.unraisablehook, self.unraisable
         logging.getLogger("absl").addFilter(self.keep_absl)
@@ -104,10 +111,14 @@ class _Console:
             return
         self._hook(unraisable)
 
-    @staticmethod
-    def keep_jax(record: logging.LogRecord) -> bool:
-        """False for JAX's record of the TPU backend failing to start (on a host without a TPU)."""
-        return not record.getMessage().startswith("Unable to initialize backend 'tpu'")
+    def keep_jax(self, record: logging.LogRecord) -> bool:
+        """False for JAX's record of the TPU backend failing to start (on a host without a TPU) and of its CUDA
+        plugin failing to start (on a host without an NVIDIA GPU)."""
+        message = record.getMessage()
+        if self._environ and message.startswith("Unable to initialize backend 'tpu'"):
+            return False
+        return not (self._no_gpu and message.startswith("Jax plugin configuration error: Exception when calling "
+                                                        "jax_plugins.xla_cuda"))
 
     @staticmethod
     def keep_absl(record: logging.LogRecord) -> bool:

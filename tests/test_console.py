@@ -13,7 +13,7 @@ from bert_jax import console
 from conftest import ROOT
 
 LIBTPU_NOISE = ("E0000", "TPU_WORKER_HOSTNAMES", "Source Location Trace", "Failed to find host bounds",
-                "Logging before InitGoogle", "Unable to initialize backend")
+                "Logging before InitGoogle", "Unable to initialize backend", "Jax plugin configuration error")
 
 
 def _without_tpu_settings():
@@ -26,12 +26,17 @@ def _without_tpu_settings():
 
 @pytest.mark.integration
 def test_a_command_prints_no_libtpu_probe_on_a_host_without_a_tpu(tmp_path):
+    """Nor, with the gpu-aot extra, the CUDA plugin's failed start on a host without an NVIDIA GPU."""
     pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]')")
     env = _without_tpu_settings()
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert "TPU_WORKER_HOSTNAMES" in probe.stderr, ("libtpu printed nothing without bert_jax.console: this test "
                                                     f"shows nothing here {probe.stderr[-2000:]}")
+    import importlib.util
+
+    if importlib.util.find_spec("jax_plugins.xla_cuda13"):  # the gpu-aot extra: its failed start, then the CPU
+        assert "Jax plugin configuration error" in probe.stderr, probe.stderr[-2000:]
     # The pre-training command's first error (its default data folder is missing): JAX's backends, TPU
     # first, are initialised before it; JAX's debug log of xla_bridge shows that the probe ran.
     result = subprocess.run([sys.executable, "-m", "bert_jax.train", "--config", "pretrain:tiny", "--workdir", "run"],

@@ -14,7 +14,7 @@ from bert_jax.model import kernels, layers, modeling
 from bert_jax.training import losses, sharding
 from bert_jax.model.kernels import dropout as hashed, gpu, reference, xla_cpu
 
-SETS = ["reference", "xla_cpu"]
+SETS = ["reference", "xla_cpu", "gpu"]  # the sets whose GELU test_gelu_and_its_gradient_equal_torch checks
 DTYPES = ["float32", "bfloat16"]
 
 
@@ -28,9 +28,9 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     assert kernels.resolve("xla_cpu", "tpu") == "xla_cpu" and kernels.resolve("reference", "cpu") == "reference"
     assert kernels.resolve("auto") == "xla_cpu"  # these tests run on the CPU backend
     assert kernels.get("auto", "gpu") is gpu.KERNELS and kernels.get("auto", "cpu") is xla_cpu.KERNELS
-    # The gpu set: the reference forms, the hashed dropout, the tpu set's recomputing GELU and the fused attention
+    # The gpu set: the reference forms, the hashed dropout, a recomputing GELU and the fused attention
     # where it applies, nothing else.
-    assert gpu.KERNELS.dropout is hashed.HashedDropout and gpu.KERNELS.gelu is xla_cpu.gelu
+    assert gpu.KERNELS.dropout is hashed.HashedDropout and gpu.KERNELS.gelu is gpu.gelu
     assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
                                attention_dropout=False, dropout=nn.Dropout, gelu=reference.gelu) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else

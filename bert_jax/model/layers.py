@@ -1,6 +1,6 @@
 """The building blocks of `bert_jax.model.modeling` and `bert_jax.model.heads`: parameters with logical axis names,
-the original's initialiser, dense and LayerNorm layers, dropout, the activation, the row gather, and the
-kernel set of a config (`bert_jax.model.kernels`).
+the original's initialiser, dense and LayerNorm layers, dropout, the activation, the row gather, the attention
+mask record (`AttentionMask`), and the kernel set of a config (`bert_jax.model.kernels`).
 
 Every parameter made here carries logical axis names (`nn.with_logical_partitioning`), mapped to mesh
 axes only by `bert_jax.training.sharding`; parameters are stored in config.param_dtype and computed in config.dtype.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -87,3 +88,39 @@ def gather_positions(sequence: Array, positions: Array) -> Array:
     """
     index = positions[(slice(None), slice(None)) + (None,) * (sequence.ndim - 2)].astype(jnp.int32)
     return jnp.take_along_axis(sequence, index, axis=1)
+
+
+@flax.struct.dataclass
+class AttentionMask:
+    """Which keys each query attends to, in the two forms the attention implementations take.
+
+    Attributes:
+      bias: float32 additive bias, 0 where attended and float32 min elsewhere: [B, 1, 1, L] (`padding`)
+        or [B, 1, L, L] (`packed`); broadcasts to the scores [B, N, L, L].
+      segment_ids: int32 [B, L], the same mask as segment ids (query i attends to key j iff they are
+        equal), for a kernel set's own attention (`bert_jax.model.kernels`).
+    """
+
+    bias: Array
+    segment_ids: Array
+
+    @classmethod
+    def padding(cls, attention_mask: Array) -> AttentionMask:
+        """attention_mask int [B, L] (1 real, 0 padding): every query attends to the real tokens."""
+        bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+        return cls(bias=bias, segment_ids=attention_mask)
+
+    @classmethod
+    def packed(cls, segment_ids: Array) -> AttentionMask:
+        """Packed rows' segment_ids int [B, L] (1, 2, ... per instance, 0 padding): a query attends to the
+        keys of its own segment. Padding attends to padding only (its outputs are never read), so no row
+        of the softmax is fully masked: the rule of splash attention's `SegmentIds`."""
+        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        return cls(bias=jnp.where(same, 0.0, jnp.finfo(jnp.float32).min), segment_ids=segment_ids)
+
+    def query_bias(self, positions: Array | None) -> Array:
+        """The bias of the queries at positions int32 [B, Q] ([B, 1, Q, L] packed, [B, 1, 1, L] padding);
+        the whole bias for None."""
+        if positions is None or self.bias.shape[2] == 1:
+            return self.bias
+        return jnp.take_along_axis(self.bias, positions[:, None, :, None].astype(jnp.int32), axis=2)

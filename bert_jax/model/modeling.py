@@ -47,7 +47,8 @@ import jax.numpy as jnp
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig, REMAT_POLICIES  # noqa: F401
 from bert_jax.model.kernels.dropout import seeds as dropout_seeds
-from bert_jax.model.layers import (activation, dense, dropout, gather_positions, initializer, kernel_set, layer_norm, param)
+from bert_jax.model.layers import (AttentionMask, activation, dense, dropout, gather_positions, initializer, kernel_set,
+                                   layer_norm, param)
 
 Array = jax.Array
 
@@ -339,42 +340,6 @@ class BertSelfAttention(nn.Module):
         out_bias = param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
         out = jnp.dot(context.reshape(batch * rows, n * h), out_kernel.reshape(n * h, d).astype(dtype))
         return (out + out_bias.astype(dtype)).reshape(batch, rows, d)
-
-
-@flax.struct.dataclass
-class AttentionMask:
-    """Which keys each query attends to, in the two forms the attention implementations take.
-
-    Attributes:
-      bias: float32 additive bias, 0 where attended and float32 min elsewhere: [B, 1, 1, L] (`padding`)
-        or [B, 1, L, L] (`packed`); broadcasts to the scores [B, N, L, L].
-      segment_ids: int32 [B, L], the same mask as segment ids (query i attends to key j iff they are
-        equal), for a kernel set's own attention (`bert_jax.model.kernels`).
-    """
-
-    bias: Array
-    segment_ids: Array
-
-    @classmethod
-    def padding(cls, attention_mask: Array) -> AttentionMask:
-        """attention_mask int [B, L] (1 real, 0 padding): every query attends to the real tokens."""
-        bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
-        return cls(bias=bias, segment_ids=attention_mask)
-
-    @classmethod
-    def packed(cls, segment_ids: Array) -> AttentionMask:
-        """Packed rows' segment_ids int [B, L] (1, 2, ... per instance, 0 padding): a query attends to the
-        keys of its own segment. Padding attends to padding only (its outputs are never read), so no row
-        of the softmax is fully masked: the rule of splash attention's `SegmentIds`."""
-        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-        return cls(bias=jnp.where(same, 0.0, jnp.finfo(jnp.float32).min), segment_ids=segment_ids)
-
-    def query_bias(self, positions: Array | None) -> Array:
-        """The bias of the queries at positions int32 [B, Q] ([B, 1, Q, L] packed, [B, 1, 1, L] padding);
-        the whole bias for None."""
-        if positions is None or self.bias.shape[2] == 1:
-            return self.bias
-        return jnp.take_along_axis(self.bias, positions[:, None, :, None].astype(jnp.int32), axis=2)
 
 
 class AttentionOp(nn.Module):

@@ -316,7 +316,7 @@ def compile_phases(config, program: Program, mesh: jax.sharding.Mesh, phases: li
     Raises:
       ValueError: (one line, `memory.does_not_fit`) a phase's step needs more memory than a device may use.
     """
-    device = mesh.devices.flat[0]
+    device = mesh.local_devices[0]  # this process's: every process checks its own devices, all stop alike
     mode = config.get("precompile", "auto")
     if mode == "never" or (mode == "auto" and device.platform == "cpu"):
         return {}
