@@ -1,10 +1,9 @@
-"""The "gpu" kernel set: the reference forms with the hashed dropout, the recomputing GELU, and fused attention
-where it applies.
+"""The "gpu" kernel set: the reference forms with the hashed dropout, and fused attention where it applies.
 
-  gelu        the exact (erf) GELU whose gradient recomputes Phi(x) and phi(x) from the saved bfloat16 input
-              (`gelu`): autodiff of the reference keeps a float32 copy of the [B*L, I] pre-activation between the
-              passes, twice the bytes of the input. Unlike xla_cpu's, no optimisation barrier: XLA may still
-              rematerialise the input where a program must fit a GPU's memory.
+The GELU stays the reference's: the recomputing form (xla_cpu's, the tpu set's) keeps a bfloat16 input instead of
+autodiff's float32 intermediates, fewer HBM bytes per step, but XLA's rematerialisation then no longer fits
+BERT-Large's packed phase 2 into an 80 GB GPU (benchmarks/README.md).
+
   dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
               a hash of its index, instead of one threefry draw per element.
   attention   softmax(q k^T + mask) v without writing the [L, L] scores to HBM, on per-token segment ids
@@ -36,22 +35,12 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.model.kernels import dropout, flash_gpu, reference, xla_cpu
+from bert_jax.model.kernels import dropout, flash_gpu, reference
 from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
 INTERPRET = False  # flash_gpu in Pallas's interpreter: True in CPU tests
 MAX_HEAD_SIZE = 128  # cuDNN's bound before Hopper (256 from Hopper on): the portable one
-
-
-@jax.custom_vjp
-def gelu(x: jax.Array) -> jax.Array:
-    """Exact (erf) GELU, x * Phi(x), computed in float32, x's dtype kept (the reference's value); its gradient is
-    `xla_cpu.gelu_grad` of the saved input."""
-    return xla_cpu.gelu(x)
-
-
-gelu.defvjp(lambda x: (gelu(x), x), lambda x, g: (xla_cpu.gelu_grad(x, g),))
 
 
 def applies(dtype, head_size: int, length: int, dropout: bool) -> bool:
@@ -109,6 +98,5 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
     return jnp.swapaxes(out, 1, 2)
 
 
-KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", gelu=gelu, dropout=dropout.HashedDropout,
-                              attention=attention,
+KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
                               attention_applies=applies, attention_dropout=True)

@@ -41,16 +41,10 @@ def _gelu_fwd(x):
     return gelu(x), x
 
 
-def gelu_grad(x: Array, g: Array) -> Array:
-    """The exact GELU's vector-Jacobian product g * (Phi(x) + x phi(x)) from its input x (any float dtype, computed
-    in float32, x's dtype returned); g: the output's cotangent, x's shape."""
-    x32 = x.astype(jnp.float32)
-    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
-    return (g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype)
-
-
 def _gelu_bwd(x, g):
-    return (gelu_grad(jax.lax.optimization_barrier(x), g),)  # the barrier: erf recomputed here, not shared
+    x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)  # recompute erf here, not share it
+    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
+    return ((g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
 
 
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
