@@ -366,7 +366,8 @@ def test_page_commands_run(page, doc_env, tmp_path):
 
 def assert_aot_report(stdout: str, pods: int) -> None:
     """`pods` reports of `python -m bert_jax.aot` for the two-phase pre-training recipes in `stdout`: every phase
-    fits, its kernels move HBM bytes, and where XLA counts FLOPs (TPUs) they agree with the analytic count."""
+    fits, its kernels move HBM bytes, where XLA counts FLOPs (TPUs) they agree with the analytic count, and a GPU
+    program holds the fused attention."""
     lines = [line for line in stdout.splitlines() if line.strip().startswith("phase")]
     assert len(lines) == 2 * pods and all("(fits)" in line for line in lines), stdout[-3000:]
     for line in lines:
@@ -375,6 +376,9 @@ def assert_aot_report(stdout: str, pods: int) -> None:
         if "(ratio " in line:
             assert 0.9 <= float(line.split("(ratio ")[1].split(")")[0]) <= 1.25, line
     assert stdout.count("roofline bound (not a measurement)") == 2 * pods, stdout[-3000:]
+    if "kernels gpu" in stdout:  # a GPU program: flash_gpu's Triton calls in every phase's kernels
+        kernel_lines = [line for line in stdout.splitlines() if line.strip().startswith("kernels per step")]
+        assert len(kernel_lines) == 2 * pods and all(" pallas " in line for line in kernel_lines), stdout[-3000:]
 
 
 @pytest.mark.slow

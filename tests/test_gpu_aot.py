@@ -138,7 +138,8 @@ def test_aot_report_of_a_program_that_does_not_fit_is_one_line():
 @pytest.mark.integration
 def test_run_whose_second_phase_does_not_fit_stops_before_step_0(small_instances, tmp_path):
     """config.precompile=always on this CPU with a memory limit between what the two phases need: the run stops
-    at its start with one line naming phase 1, before any step or checkpoint."""
+    at its start with one line naming phase 1, before any step or checkpoint; above both, it trains through the
+    switch on the steps compiled before step 0, its config recording model.dtype resolved."""
     config = pretrain.get_config("tiny")
     config.model.vocab_size = SMALL_VOCAB_SIZE
     config.phases[0].data_dir = str(small_instances / "p1")
@@ -177,3 +178,11 @@ def test_run_whose_second_phase_does_not_fit_stops_before_step_0(small_instances
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["step"] == 20 and metrics["phase"] == 1 and np.isfinite(metrics["loss"])
+    # model.dtype=auto is recorded resolved: float32 on this CPU.
+    from bert_jax.checkpoints import checkpointing
+
+    checkpointer = checkpointing.Checkpointer(str(tmp_path / "fits" / "checkpoints"))
+    try:
+        assert checkpointer.restore_config(20)["model"]["dtype"] == "float32"
+    finally:
+        checkpointer.close()
