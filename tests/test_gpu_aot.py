@@ -84,6 +84,7 @@ def test_mini_train_step_on_h100_holds_flash_attention_and_no_float32_dot():
     """`model.dtype=auto` compiles bfloat16 for a GPU; every layer's attention is flash_gpu (one forward, two
     backward Triton calls) and every matrix product of the encoder takes bfloat16 operands."""
     config = _mini(8)
+    config.model.num_hidden_layers = 2
     devices = targets.target("h100").devices()
     phase = pretraining.resolve_phases(config)[0]
     compiled, _ = aot.compile_phase(config, devices, phase)
@@ -122,16 +123,18 @@ def test_flash_gpu_kernels_compile_for_sm90_at_every_block(length):
 
 @pytest.mark.integration
 def test_aot_report_of_a_program_that_does_not_fit_is_one_line():
-    """With 0.2% of an A100's memory for jax (about 80 MiB), the mini model's phase does not fit: exit 1, the report
-    printed, and the last line names the phase, its bytes against the budget, and what to change."""
-    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.002"}
-    result = subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:mini", "--topology",
-                             "a100-40gb", "--config.phases[0].batch_size=64", "--config.phases[1].batch_size=8"],
+    """With 0.05% of an A100's memory for jax (about 20 MiB), the one-layer tiny model's first phase does not fit:
+    exit 1, the report printed, and the last line names the phase, its bytes against the budget, and what to
+    change."""
+    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.0005"}
+    result = subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config", "pretrain:tiny", "--topology",
+                             "a100-40gb", "--config.model.num_hidden_layers=1", "--config.phases[0].batch_size=512",
+                             "--config.phases[1].batch_size=8"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "DOES NOT FIT" in result.stdout and "kernels per step" in result.stdout, result.stdout
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("aot: phase 0 (batch 64 x 128) needs ") and "GiB per device, more than the 0.08 GiB" in last
+    assert last.startswith("aot: phase 0 (batch 512 x 64) needs ") and "GiB per device, more than the 0.02 GiB" in last
     assert "--config.model.remat_policy=dots" in last and "'--config.phases[0].batch_size'" in last, last
 
 

@@ -140,6 +140,7 @@ import jax
 from absl import flags
 from bert_jax import configs
 from bert_jax.checkpoints import checkpointing, sources
+from bert_jax.model import bert_config
 from bert_jax.training import aot, pretraining, sharding
 side, workdir, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 
@@ -157,6 +158,7 @@ if side == "aot":
     config = flags.FLAGS.config
     phases = pretraining.resolve_phases(config)
     texts = [aot.lower_phase(config, jax.devices(), p)[0].as_text() for p in phases]
+    config.model.dtype = bert_config.resolve_dtype(config.model.dtype, "cpu")  # as train records it on these devices
 else:  # train's own path to its program (train_and_evaluate up to the first step): no data, nothing run
     pretraining._define_flags()
     flags.FLAGS(["train", "--workdir", workdir] + argv)

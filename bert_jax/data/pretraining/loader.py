@@ -427,7 +427,7 @@ def check_data_dir(data_dir: str, field: str, vocab_size: int, max_seq_length: i
     meta = formats.read_metadata(data_dir)
     if meta.get("vocab_size", 0) > vocab_size:
         raise ValueError(f"{data_dir}: vocabulary of {meta['vocab_size']} tokens exceeds "
-                         f"vocab_size={vocab_size}")
+                         f"config.model.vocab_size={vocab_size}")
     if formats.is_documents(meta):  # tokenized documents: instances are drawn at any length
         formats.check(data_dir, meta)
         return meta
