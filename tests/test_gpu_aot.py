@@ -56,7 +56,7 @@ def test_compile_only_devices_are_the_named_gpus():
 
 def test_program_stats_counts_hand_computed_programs():
     """On this CPU's own compiler: y = 2x + 1 over f32[1024] is one kernel reading and writing 4 KiB; the same in
-    a fori_loop of 5 trips runs its body's kernel 5 times."""
+    a fori_loop of 5 trips runs its body's kernel 5 times; a gradient's kernel is attributed to the backward pass."""
     x = jnp.zeros(1024, jnp.float32)
     stats = program_stats.analyze(jax.jit(lambda x: 2 * x + 1).lower(x).compile().as_text())
     assert (stats.kernel_launches, stats.hbm_bytes) == (1, 8192)
@@ -67,6 +67,9 @@ def test_program_stats_counts_hand_computed_programs():
     stats = program_stats.analyze(jax.jit(loop).lower(x).compile().as_text())
     body = [k for k in stats.kernels if k.count == 5 and k.hbm_bytes >= 5 * 8192]
     assert body, [(k.name, k.kind, k.count, k.hbm_bytes) for k in stats.kernels]
+    # A gradient's one fused kernel is the backward pass (JAX's transpose of its jvp).
+    stats = program_stats.analyze(jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(x) ** 2))).lower(x).compile().as_text())
+    assert stats.by("phase") == {"backward": (1, 8192)}
     assert program_stats.arrays("(bf16[8,128]{1,0}, f32[8]{0:S(1)})") == [
         program_stats.Array("bf16", (8, 128), 2048, 0), program_stats.Array("f32", (8,), 32, 1)]
     with pytest.raises(ValueError, match="no ENTRY computation"):

@@ -13,9 +13,10 @@ kernels cannot avoid if each reads its inputs once and writes its outputs once; 
 that re-read a tile add to it. `cost_analysis()` gives no byte count for GPU programs, so this is the one
 count both platforms share.
 
-Each kernel is attributed to the pass it comes from by its `op_name` metadata: "backward" (under JAX's
-`transpose(...)`), "forward" (under `jvp(...)`) or "update" (everything else: the optimizer, gradient
-norms, the step counter).
+Each kernel is attributed to the pass it comes from by its `op_name` metadata (its own, or for a fusion XLA
+made without one, the first of its fused instructions'): "backward" (under JAX's `transpose(...)`), "forward"
+(under `jvp(...)`), "update" (every other name: the optimizer, gradient norms, the step counter) or
+"unattributed" (no name at all, e.g. a copy XLA inserted).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Array:
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """One launched instruction: its name, kind (`kind_of`), pass ("forward" | "backward" | "update"), bytes
+    """One launched instruction: its name, kind (`kind_of`), pass ("forward" | "backward" | "update" |
+    "unattributed"), bytes
     read and written per memory space ({space: bytes}), how many times a step runs it, and for matrix
     multiplications the dtypes of the dot's two operands (else ())."""
 
@@ -149,7 +151,17 @@ def _phase_of(op_name: str) -> str:
         return "backward"
     if "jvp(" in op_name:
         return "forward"
-    return "update"
+    return "update" if op_name else "unattributed"
+
+
+def _inner_op_name(computations, called: str) -> str:
+    """The op_name of a kernel XLA made without one (a reduction it split, a copy it inserted): the first of its
+    fused computation's instructions that has one, else ""."""
+    for *_, attributes in computations.get(called, []):
+        m = re.search(r'op_name="([^"]+)"', attributes)
+        if m:
+            return m.group(1)
+    return ""
 
 
 def _operands(rest: str) -> tuple[list[str], str]:
@@ -225,11 +237,12 @@ def _walk(computations, name: str, count: int, out: list[Kernel]) -> None:
             nbytes[array.space] += array.nbytes
         kind = kind_of(opcode, attributes)
         op_name = re.search(r'op_name="([^"]*)"', attributes)
-        op_name = op_name.group(1) if op_name else ""
+        called = re.search(r"calls=%?([\w.\-]+)", attributes)
+        called = called.group(1) if called else ""
+        op_name = op_name.group(1) if op_name else _inner_op_name(computations, called)
         dots = ()
         if opcode == "fusion":
-            called = re.search(r"calls=%?([\w.\-]+)", attributes)
-            dots = _dot_dtypes(computations, called.group(1) if called else "", operands, shapes)
+            dots = _dot_dtypes(computations, called, operands, shapes)
             kind = "fusion (dot)" if kind == "fusion" and dots else kind
         elif kind == "cublas_gemm" or opcode in ("dot", "convolution"):
             dots = _dot_dtypes(computations, None, operands, shapes)
