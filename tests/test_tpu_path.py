@@ -139,17 +139,10 @@ import dataclasses, hashlib, json, sys
 import jax
 from absl import flags
 from bert_jax import configs
-from bert_jax.checkpoints import checkpointing, sources
+from bert_jax.checkpoints import sources
 from bert_jax.model import bert_config
-from bert_jax.training import aot, pretraining, sharding
+from bert_jax.training import aot, pretraining
 side, workdir, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
-
-def lower(program, mesh, phase):  # as aot.lower_phase lowers pretraining.build's step
-    state = checkpointing.abstract_like(program.abstract, program.shardings)
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(mesh, len(s)))
-             for k, (s, d) in pretraining.batch_shapes(phase).items()}
-    with jax.set_mesh(mesh):
-        return program.train_step.lower(state, batch)
 
 out = {}
 if side == "aot":
@@ -177,7 +170,7 @@ else:  # train's own path to its program (train_and_evaluate up to the first ste
     except Captured:
         pass
     config, phases = built["config"], built["phases"]
-    texts = [lower(built["program"], built["mesh"], p).as_text() for p in phases]
+    texts = [pretraining.lower_step(built["program"], built["mesh"], p).as_text() for p in phases]
 print("RESULT " + json.dumps({"phases": [dataclasses.asdict(p) for p in phases],
                               "model": config.model.to_dict(), "mesh": config.mesh.to_dict(),
                               "programs": [hashlib.sha256(t.encode()).hexdigest() for t in texts]}))

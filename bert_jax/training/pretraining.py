@@ -501,7 +501,8 @@ class _Run:
                 self.iterator = iterator(self.phase, self.config, None)
                 if self.held_out is not None:
                     self.held_out.batches(self.phase)  # the new phase's evaluation batches, before its first step
-                self.runner.recompiling()
+                if self.phase.index not in self.steps:  # compiled at its first step, not before step 0
+                    self.runner.recompiling()
             yield (self.steps.get(self.phase.index, self.program.train_step),
                    global_batch(next(self.iterator), self.mesh))
 

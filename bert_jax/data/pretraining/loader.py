@@ -413,11 +413,10 @@ def make_pretraining_iterator(path: str, *, global_batch_size: int, seed: int = 
 def check_data_dir(data_dir: str, field: str, vocab_size: int, max_seq_length: int | None = None,
                    max_predictions_per_seq: int | None = None, masking: dict | None = None) -> dict:
     """The metadata.json of the instance directory in config `field` (pre-training's `validate`), checked against
-    the model's `vocab_size` and the phase: its
-    length, predictions and masking (`procedure.MASKING_FIELDS`; static instances were masked when written,
-    so a phase's field must equal the metadata flag) when given, its vocabulary size, and its shards present
-    and complete (so that phase 2's or the eval's data fail at the start, not at their first use). One-line
-    FileNotFoundError / ValueError."""
+    the model's `vocab_size` and, when given, the phase's length, predictions and masking
+    (`procedure.MASKING_FIELDS`; static instances were masked when written, so a phase's field must equal the
+    metadata flag), and its shards present and complete (so that phase 2's or the eval's data fail at the start,
+    not at their first use). One-line FileNotFoundError / ValueError."""
     from bert_jax import storage
 
     meta_file = storage.join(data_dir, "metadata.json")
