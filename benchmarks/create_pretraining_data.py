@@ -22,7 +22,8 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 ORIGINAL_INSTANCES_PER_S = 950.0
 ORIGINAL_PEAK_RSS_MB = 780.0
 

@@ -22,7 +22,8 @@ from bert_jax.data import glue as glue_data  # noqa: E402
 from bert_jax.tasks import glue  # noqa: E402
 from bert_jax.configs import glue as glue_config  # noqa: E402
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 
 
 def main():

@@ -27,7 +27,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 
 from bert_jax.training import pretraining  # noqa: E402
 from bert_jax.data import corpus, tokenization

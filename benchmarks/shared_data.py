@@ -1,5 +1,5 @@
-"""The shared data folder of the benchmarks (and tests): `$BERT_JAX_DATA`, default ../shared/data beside the
-repository, and the layout of its corpora and task files (../shared/data/README.md). Library code never
+"""The shared data folder of the benchmarks and tests (`data_dir`: `$BERT_JAX_DATA`, default ../shared/data beside
+the repository, else the repository's .data where `make test` downloads the public files), and the layout of its corpora and task files (../shared/data/README.md). Library code never
 knows this folder: the benchmarks hand its files to `bert_jax` as arguments."""
 
 from __future__ import annotations
@@ -8,7 +8,19 @@ import os
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+
+
+def data_dir(root: pathlib.Path = ROOT) -> pathlib.Path:
+    """The real-data folder: $BERT_JAX_DATA; else ../shared/data beside the checkout `root` where it exists (CI);
+    else `root`/.data, where `make test` downloads the public files on a fresh clone (`python -m
+    bert_jax.data.download all --output_dir .data`), so that `pytest` and the benchmarks alone find them too."""
+    if "BERT_JAX_DATA" in os.environ:
+        return pathlib.Path(os.environ["BERT_JAX_DATA"]).resolve()
+    shared = root.parent / "shared" / "data"
+    return (shared if shared.is_dir() or not (root / ".data").is_dir() else root / ".data").resolve()
+
+
+DATA = data_dir()
 
 # Corpora: name -> (bert_jax.experiments.transfer reader, files under DATA). Task corpora read only the training split.
 SOURCES = {

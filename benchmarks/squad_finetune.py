@@ -30,7 +30,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from bert_jax.tasks import squad  # noqa: E402
 from bert_jax.configs import squad as squad_config  # noqa: E402
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 PEER = {"train_minutes": 45.6, "features": 13290, "minilm_f1": 62.2, "minilm_em": 51.5, "random_f1": 9.1}
 BATCH, LENGTH = 32, 256
 

@@ -32,7 +32,8 @@ from bert_jax.data import squad as squad_data  # noqa: E402
 from bert_jax.tasks import squad, squad_eval  # noqa: E402
 from bert_jax.configs import squad as squad_config  # noqa: E402
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 
 
 def held_out(eval_path: str, workdir: str) -> list[dict]:

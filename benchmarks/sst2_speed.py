@@ -104,7 +104,8 @@ from bert_jax.data.tokenization import Tokenizer  # noqa: E402
 from bert_jax.tasks import finetune, glue  # noqa: E402
 from bert_jax.configs import glue as glue_config  # noqa: E402
 
-DATA = pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data"))
+import shared_data  # noqa: E402  (the real-data folder's one rule)
+DATA = shared_data.data_dir()
 BATCH, LENGTH = 32, 128
 
 

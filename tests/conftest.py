@@ -1,7 +1,8 @@
 """Shared test setup: 8 simulated CPU devices, the real-data folder and the real-weights folder, the tiers.
 
-The real data is found through one setting, the environment variable BERT_JAX_DATA (default
-../shared/data from the project root). Missing data is a test failure, never a skip.
+The real data is found through one setting, the environment variable BERT_JAX_DATA (default ../shared/data
+from the project root, else the project's .data where `make test` downloads it). Missing data is a test failure,
+never a skip.
 
 Tiers (markers, setup.cfg): `unit` (in one process, seconds), `integration` (commands run as a user runs
 them, in subprocesses, or whole jobs end to end), `slow` (either, longer than ~20 s on a 2-core CPU). A test
@@ -17,6 +18,7 @@ import functools
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 
@@ -50,6 +52,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import shared_data  # noqa: E402  (the one rule for the real-data folder, shared with the benchmarks)
 
 
 def _module_fixtures(module) -> set[str]:
@@ -80,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def shared_data_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("BERT_JAX_DATA", ROOT.parent / "shared" / "data")).resolve()
+    """The real-data folder (`benchmarks/shared_data.py`'s `data_dir`: $BERT_JAX_DATA, ../shared/data, .data)."""
+    return shared_data.data_dir()
 
 
 @pytest.fixture(scope="session")

@@ -63,9 +63,9 @@ _SQUAD_EVAL_EXAMPLES = flags.DEFINE_integer("squad_eval_examples", 500, "SQuAD d
 _RANDOM_BASELINE = flags.DEFINE_bool("random_baseline", True, "Also fine-tune each task from random "
                                      "initialisation with the same recipe, to show what pre-training adds.")
 
-SQUAD_DOWNLOAD = ("python -m bert_jax.data.download squad --output_dir data/squad   "
-                  "(then: make demo SQUAD_DIR=data/squad)")
-GLUE_DOWNLOAD = "python -m bert_jax.data.download glue --output_dir DIR   (then: make demo GLUE_DIR=DIR)"
+# The commands that fetch the task files (`make demo` runs them, with a network, into .data).
+SQUAD_DOWNLOAD = "python -m bert_jax.data.download squad --output_dir .data/squad"
+GLUE_DOWNLOAD = "python -m bert_jax.data.download glue --tasks sst2 --output_dir .data/glue"
 BENCHMARK = "benchmarks/transfer.py (docs/transfer-findings.md)"
 
 
@@ -85,7 +85,8 @@ def check_corpus(path: str) -> None:
 
 
 def find_squad(squad_dir: str | None) -> tuple[str, str] | None:
-    """(train file, dev file) in squad_dir, None when no folder is named.
+    """(train file, dev file) in squad_dir, None when no folder is named: train-v1.1.json where it is there, else
+    another train-v1.1*.json (e.g. the download's train-v1.1-subset-44articles.json).
 
     Raises:
       DemoError: the named folder does not exist or lacks the files.
@@ -95,7 +96,9 @@ def find_squad(squad_dir: str | None) -> tuple[str, str] | None:
     if not os.path.isdir(squad_dir):
         raise DemoError(f"SQuAD folder {squad_dir!r} does not exist; get the files with: {SQUAD_DOWNLOAD}")
     names = sorted(os.listdir(squad_dir))
-    train = next((n for n in names if n.startswith("train-v1.1") and n.endswith(".json")), None)
+    # The official training file where it is there, else another train-v1.1*.json (the download's 44-article subset)
+    train = "train-v1.1.json" if "train-v1.1.json" in names else next(
+        (n for n in names if n.startswith("train-v1.1") and n.endswith(".json")), None)
     if train is None or "dev-v1.1.json" not in names:
         raise DemoError(f"SQuAD folder {squad_dir!r} lacks train-v1.1*.json or dev-v1.1.json; get them with: "
                         f"{SQUAD_DOWNLOAD}")
@@ -300,14 +303,14 @@ def run(corpus: str | None, workdir: str, squad_dir: str | None, glue_dir: str |
         stages.append(("sst2_2k", f"SST-2 ({sst2_train_examples} training sentences, dev accuracy)",
                        dict(data_dir=sst2_dir, max_train_examples=sst2_train_examples)))
     else:
-        summary["finetune"]["sst2_2k"] = f"skipped: no GLUE folder (set GLUE_DIR or --glue_dir); get: {GLUE_DOWNLOAD}"
+        summary["finetune"]["sst2_2k"] = f"skipped: no GLUE folder (GLUE_DIR or --glue_dir); fetch: {GLUE_DOWNLOAD}"
         print(f"[5/6] SST-2: {summary['finetune']['sst2_2k']}", flush=True)
     if squad_files:
         stages.append(("squad_demo", f"SQuAD v1.1 ({squad_eval_examples} dev questions, F1)",
                        dict(train_file=squad_files[0], predict_file=squad_files[1],
                             max_train_examples=squad_train_examples, max_predict_examples=squad_eval_examples)))
     else:
-        summary["finetune"]["squad_demo"] = (f"skipped: no SQuAD files (set SQUAD_DIR or --squad_dir); download: "
+        summary["finetune"]["squad_demo"] = (f"skipped: no SQuAD files (SQUAD_DIR or --squad_dir); fetch: "
                                              f"{SQUAD_DOWNLOAD}")
         print(f"[5/6] SQuAD: {summary['finetune']['squad_demo']}", flush=True)
     env = dict(os.environ, XLA_FLAGS="")  # one CPU device: faster than 8 simulated ones at this size
