@@ -18,9 +18,10 @@
 # Options:
 #   --name NAME               the TPU VM (with --queued, also the queued resource's name)      required
 #   --zone ZONE               e.g. europe-west4-a                                               required
-#   --accelerator_type TYPE   gcloud's: v2-8, v3-32, v4-32, v5litepod-16, v5p-32, v6e-16        required
+#   --accelerator_type TYPE   gcloud's: v3-32, v4-32, v5litepod-16, v5p-32, v6e-16 (the generations   required
+#                             bert_jax.aot compiles for; another type needs --runtime_version)
 #   --workdir URI             the run directory, gs://... on a multi-host slice                 required
-#   --runtime_version V       the TPU VM image (default: the one for TYPE's generation: v2, v3, v4
+#   --runtime_version V       the TPU VM image (default: the one for TYPE's generation: v3, v4
 #                             tpu-ubuntu2204-base; v5litepod v2-alpha-tpuv5-lite; v5p v2-alpha-tpuv5;
 #                             v6e v2-alpha-tpuv6e)
 #   --module M                the entry point (default bert_jax.train; e.g. bert_jax.tasks.squad)
@@ -72,9 +73,9 @@ done
 # older tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e (Trillium) v2-alpha-tpuv6e.
 # TYPE is gcloud's accelerator type (a v5e slice is v5litepod-N there; bert_jax.aot's topology_for maps it).
 runtime_for() {  # TYPE -> the image on stdout; status 1 for a type of no known generation
-  [[ $1 =~ ^(v2|v3|v4|v5litepod|v5p|v6e)-[0-9]+$ ]] || return 1
+  [[ $1 =~ ^(v3|v4|v5litepod|v5p|v6e)-[0-9]+$ ]] || return 1
   case "${BASH_REMATCH[1]}" in
-    v2|v3|v4) echo tpu-ubuntu2204-base ;;
+    v3|v4) echo tpu-ubuntu2204-base ;;
     v5litepod) echo v2-alpha-tpuv5-lite ;;
     v5p) echo v2-alpha-tpuv5 ;;
     v6e) echo v2-alpha-tpuv6e ;;
@@ -85,12 +86,12 @@ if [[ -z $RUNTIME ]]; then
     if [[ $ACCELERATOR =~ ^v5e-([0-9]+)$ ]]; then
       echo "tpu_vm_pod.sh: --accelerator_type $ACCELERATOR is bert_jax.aot's name: gcloud's is v5litepod-${BASH_REMATCH[1]}" >&2
     else
-      echo "tpu_vm_pod.sh: --accelerator_type $ACCELERATOR is not one of v2-N, v3-N, v4-N, v5litepod-N, v5p-N, v6e-N (gcloud's names): give --runtime_version to use it as is" >&2
+      echo "tpu_vm_pod.sh: --accelerator_type $ACCELERATOR is not one of v3-N, v4-N, v5litepod-N, v5p-N, v6e-N (gcloud's names): give --runtime_version to use it as is" >&2
     fi
     exit 2
   fi
 fi
-# A slice of more than 8 cores (v2, v3) or chips (v4, v5) spans several hosts: every path must be shared.
+# A slice of more than 8 cores (v3) or chips (v4, v5) spans several hosts: every path must be shared.
 SIZE=${ACCELERATOR##*-}
 if [[ $SIZE =~ ^[0-9]+$ && $SIZE -gt 8 ]]; then
   for value in "--workdir=$WORKDIR" "$@"; do

@@ -173,3 +173,25 @@ def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
     assert len(parts) == 3
     _beam(parts, tokenizer, tmp_path / "beam", tokenize_only=True, num_shards=2, mode="in_memory")
     _assert_same(tmp_path / "local", tmp_path / "beam")
+
+
+def test_num_workers_goes_to_the_runner_as_its_own_option():
+    """--num_workers with --runner is Apache Beam's option of that name (Dataflow's initial number of workers), as
+    Beam's own parser reads it; not given, the runner's default stands."""
+    from absl import flags as absl_flags
+    from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
+
+    from bert_jax.data import create_pretraining_data as cli
+
+    values = absl_flags.FlagValues()
+    for name in ("runner", "num_workers"):
+        values[name] = cli.FLAGS[name]  # the command's own flag definitions, parsed afresh
+    values(["prog", "--runner=DataflowRunner", "--num_workers=40"])
+    args = cli.runner_args(values, ["--region=europe-west4"])
+    assert args == ["--runner=DataflowRunner", "--num_workers=40", "--region=europe-west4"]
+    assert PipelineOptions(args).view_as(WorkerOptions).num_workers == 40
+    values.unparse_flags()
+    values(["prog", "--runner=DataflowRunner"])
+    args = cli.runner_args(values, [])
+    assert args == ["--runner=DataflowRunner"] and PipelineOptions(args).view_as(WorkerOptions).num_workers is None
+    values.unparse_flags()  # the definitions are the command's: leave them unparsed

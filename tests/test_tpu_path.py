@@ -258,7 +258,7 @@ def test_aot_refuses_an_unknown_slice_in_one_line():
 
 
 # Google Cloud's TPU software versions for JAX (https://cloud.google.com/tpu/docs/runtimes#pytorch_and_jax).
-IMAGES = {"v2-8": "tpu-ubuntu2204-base", "v3-32": "tpu-ubuntu2204-base", "v4-32": "tpu-ubuntu2204-base",
+IMAGES = {"v3-8": "tpu-ubuntu2204-base", "v3-32": "tpu-ubuntu2204-base", "v4-32": "tpu-ubuntu2204-base",
           "v5litepod-16": "v2-alpha-tpuv5-lite", "v5p-32": "v2-alpha-tpuv5", "v6e-16": "v2-alpha-tpuv6e"}
 
 
@@ -284,7 +284,7 @@ def test_the_launcher_refuses_a_slice_it_has_no_image_for_in_one_line():
     common = ["--name", "n", "--zone", "z", "--workdir", "gs://b/run", "--dry_run"]
     for accelerator, message in (
             ("v5e-16", "tpu_vm_pod.sh: --accelerator_type v5e-16 is bert_jax.aot's name: gcloud's is v5litepod-16"),
-            ("v9-8", "tpu_vm_pod.sh: --accelerator_type v9-8 is not one of v2-N, v3-N, v4-N, v5litepod-N, v5p-N, "
+            ("v9-8", "tpu_vm_pod.sh: --accelerator_type v9-8 is not one of v3-N, v4-N, v5litepod-N, v5p-N, "
                      "v6e-N (gcloud's names): give --runtime_version to use it as is")):
         result = run_pod("--accelerator_type", accelerator, *common)
         assert result.returncode == 2 and result.stdout == "" and result.stderr.strip() == message

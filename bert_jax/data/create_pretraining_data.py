@@ -12,7 +12,8 @@ the output. The flags of instances (`STATIC_ONLY`: --max_seq_length, --max_predi
 `bert_jax.train` (`bert_jax.configs.pretrain.phase`), the seed its config.seed, and every epoch draws afresh.
 
 --runner (and Apache Beam's pipeline options after it, each as --name=value) runs the same preparation on
-Apache Beam (`bert_jax.data.pretraining.beam_pipeline`: the same bytes; --num_workers is then the runner's business):
+Apache Beam (`bert_jax.data.pretraining.beam_pipeline`: the same bytes; --num_workers, when given, is then Beam's own
+option of that name, e.g. Dataflow's initial number of workers: `runner_args`):
   --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing   (this machine)
   --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp            (Google Cloud)
 --dedupe=lines|documents drops lines or documents seen before in the corpus (`bert_jax.data.dedupe`).
@@ -47,7 +48,8 @@ flags.DEFINE_bool("short_seq_per_document", False,
 flags.DEFINE_enum("input_format", "sentences", ["sentences", "text"],
                   "sentences: one sentence per line, blank line between documents; text: one document per "
                   "file, paragraphs split into sentences.")
-flags.DEFINE_integer("num_workers", 1, "Processes generating instances (output does not depend on it).")
+flags.DEFINE_integer("num_workers", 1, "Processes generating instances (output does not depend on it); with --runner, "
+                     "Apache Beam's --num_workers (Dataflow: the initial number of workers), passed on when given.")
 flags.DEFINE_integer("num_shards", 1, "Output ArrayRecord shards.")
 flags.DEFINE_string("tfds_name", None, "TFDS text dataset instead of --input_file, e.g. wikipedia/20230601.en.")
 flags.DEFINE_string("tfds_split", "train", "TFDS split.")
@@ -90,6 +92,13 @@ def check_tokenize_only_flags(flag_values=None) -> None:
                                    f"{STATIC_ONLY[name]}" for name in given))
 
 
+def runner_args(flag_values, beam_args: list[str]) -> list[str]:
+    """Apache Beam's pipeline arguments of a --runner run: --runner, --num_workers where given on the command line
+    (Beam's own option of that name; absl's `present`), then the remaining arguments `beam_args` (--name=value)."""
+    workers = [f"--num_workers={flag_values.num_workers}"] if flag_values["num_workers"].present else []
+    return [f"--runner={flag_values.runner}", *workers, *beam_args]
+
+
 def main(argv):
     positional = [a for a in argv[1:] if not a.startswith("-")]
     if positional:
@@ -124,7 +133,7 @@ def main(argv):
                 parts = beam_pipeline.file_parts(corpus.expand_input_files(FLAGS.input_file), FLAGS.input_format)
             metadata = beam_pipeline.run(
                 parts, tokenizer, FLAGS.output_dir,
-                beam_args=[f"--runner={FLAGS.runner}", *beam_args], tokenize_only=FLAGS.tokenize_only,
+                beam_args=runner_args(FLAGS, beam_args), tokenize_only=FLAGS.tokenize_only,
                 num_shards=FLAGS.num_shards, options=options, dupe_factor=FLAGS.dupe_factor,
                 random_seed=FLAGS.random_seed, dedupe_mode=FLAGS.dedupe, extra_metadata=extra)
         else:
