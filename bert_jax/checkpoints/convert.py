@@ -4,14 +4,19 @@
           fine-tuning: its task model, e.g. BertForQuestionAnswering; an encoder alone: BertModel) -> a Hugging Face directory that
           transformers' `AutoModelFor...` / `AutoTokenizer` load: config.json, model.safetensors, vocab.txt,
           tokenizer_config.json (casing);
-  from_hf --input HF_DIR --output_dir DIR                 a Hugging Face BERT directory -> a bert_jax checkpoint
-  from_tf --input TF_CHECKPOINT --output_dir DIR          google-research/bert's bert_model.ckpt (directory or
-          prefix) -> a bert_jax checkpoint.
+  from_hf --input HF_DIR_OR_ID --output_dir DIR          a Hugging Face BERT directory, or a model id
+          (`bert-base-uncased`, `org/name@revision`, through huggingface_hub's cache) -> a bert_jax checkpoint
+  from_tf --input TF_CHECKPOINT_OR_NAME --output_dir DIR  google-research/bert's bert_model.ckpt (directory or
+          prefix), or one of Google's released names (`cased_L-12_H-768_A-12`: downloaded once, sha256-checked,
+          cached) -> a bert_jax checkpoint.
+  from_hf / from_tf --do_lower_case=true|false            the casing written, instead of the source's.
 
 A bert_jax checkpoint written by from_hf / from_tf is `DIR/checkpoints/0` (the parameters the source holds,
 no optimizer state) with bert_config.json, vocab.txt and tokenizer_config.json beside it
 (`sources.write_run_files`): `config.init_checkpoint=DIR` of pre-training, fine-tuning and
-extract_features reads it alone. Every output is built under a temporary name and renamed when complete;
+extract_features reads it alone. Names are resolved as `config.init_checkpoint` resolves them
+(`released`: an existing path is always a path); the casing written is the source's (tokenizer_config.json,
+else google-research/bert's rule for Google's names), True when unknown, or --do_lower_case. Every output is built under a temporary name and renamed when complete;
 bad input (a missing or unknown source, an output that exists) is one line on stderr and exit status 1.
 """
 
@@ -23,7 +28,7 @@ import os
 import shutil
 import sys
 
-from bert_jax.checkpoints import checkpointing, hf, sources, tf1
+from bert_jax.checkpoints import checkpointing, hf, released, sources, tf1
 from bert_jax import errors, storage
 from bert_jax.model.bert_config import BertConfig
 
@@ -90,13 +95,14 @@ def to_hf(checkpoint: str, output_dir: str) -> str:
     return storage.read_json(os.path.join(output_dir, hf.CONFIG_NAME))["architectures"][0]
 
 
-def to_checkpoint(source: str, output_dir: str, *, field: str) -> list[str]:
-    """A Hugging Face directory or a TensorFlow checkpoint -> a bert_jax checkpoint directory at
-    `output_dir` (module docstring) -> the top-level modules the source lacked (not written).
+def to_checkpoint(source: str, output_dir: str, *, field: str, do_lower_case: bool | None = None) -> list[str]:
+    """A Hugging Face directory or a TensorFlow checkpoint (or a released checkpoint's name) -> a bert_jax
+    checkpoint directory at `output_dir` (module docstring) -> the top-level modules the source lacked (not
+    written). `do_lower_case`: the casing written instead of the source's (None: the source's, True if unknown).
 
     Raises:
-      FileNotFoundError / ValueError / ImportError: from `sources.resolve` (a missing or unknown
-        source, a bad weight file, TensorFlow missing for a TF checkpoint).
+      FileNotFoundError / ValueError / ImportError / ConnectionError: from `sources.resolve` (a missing or
+        unknown source, a bad weight file, TensorFlow missing for a TF checkpoint, a failed download).
     """
     import jax
     from flax import traverse_util
@@ -109,10 +115,11 @@ def to_checkpoint(source: str, output_dir: str, *, field: str) -> list[str]:
 
     def write(tmp: str) -> None:
         writer = checkpointing.Checkpointer(os.path.join(tmp, "checkpoints"), async_save=False)
-        writer.save(0, {"params": params}, {"source": os.path.abspath(source)}, {"model": init.config.to_dict()})
+        origin = os.path.abspath(source) if os.path.exists(source) else source  # a name or URI as given
+        writer.save(0, {"params": params}, {"source": origin}, {"model": init.config.to_dict()})
         writer.close()
-        sources.write_run_files(tmp, init.config, init.vocab_file,
-                                       True if init.do_lower_case is None else init.do_lower_case)
+        casing = do_lower_case if do_lower_case is not None else init.do_lower_case
+        sources.write_run_files(tmp, init.config, init.vocab_file, True if casing is None else casing)
 
     _write_directory(output_dir, write)
     return [sources.summarize_paths(list(init.fresh))] if init.fresh else []
@@ -146,22 +153,30 @@ def main(argv: list[str] | None = None) -> int:
     p = commands.add_parser("to_hf", help="a bert_jax run -> a Hugging Face directory")
     p.add_argument("--checkpoint", required=True, help="a bert_jax workdir, its checkpoints/, or checkpoints/<step>")
     p.add_argument("--output_dir", required=True, help="the Hugging Face directory to create")
-    for name, what in (("from_hf", "a Hugging Face BERT directory"),
-                       ("from_tf", "a google-research/bert TF checkpoint (directory or bert_model.ckpt prefix)")):
+    for name, what in (("from_hf", "a Hugging Face BERT directory or model id"),
+                       ("from_tf", "a google-research/bert TF checkpoint (directory or bert_model.ckpt prefix) or "
+                                   "one of Google's released names")):
         p = commands.add_parser(name, help=f"{what} -> a bert_jax checkpoint directory")
         p.add_argument("--input", required=True, help=what)
         p.add_argument("--output_dir", required=True, help="the bert_jax checkpoint directory to create")
+        p.add_argument("--do_lower_case", choices=("true", "false"), default=None,
+                       help="the casing to record, instead of the source's")
     args = parser.parse_args(argv)
     try:
         if args.command == "to_hf":
             kind = to_hf(args.checkpoint, args.output_dir)
             print(f"{args.output_dir}: {kind}")
         else:
-            if args.command == "from_tf" and tf1.tf_checkpoint_prefix(args.input) is None:
-                raise FileNotFoundError(f"--input={args.input!r}: no TensorFlow checkpoint (bert_model.ckpt.index)")
-            if args.command == "from_hf" and not storage.is_file(storage.join(args.input, hf.CONFIG_NAME)):
-                raise FileNotFoundError(f"--input={args.input!r}: no Hugging Face directory (config.json)")
-            fresh = to_checkpoint(args.input, args.output_dir, field="--input")
+            name = None if storage.exists(args.input) else released.kind(args.input)  # "google", "hf" or None
+            if args.command == "from_tf" and tf1.tf_checkpoint_prefix(args.input) is None and name != "google":
+                raise FileNotFoundError(f"--input={args.input!r}: no TensorFlow checkpoint (bert_model.ckpt.index), "
+                                        "nor one of Google's released names")
+            if args.command == "from_hf" and not storage.is_file(storage.join(args.input, hf.CONFIG_NAME)) \
+                    and name != "hf":
+                raise FileNotFoundError(f"--input={args.input!r}: no Hugging Face directory (config.json)"
+                                        + (", and a name of Google's: use from_tf" if name == "google" else ""))
+            casing = None if args.do_lower_case is None else args.do_lower_case == "true"
+            fresh = to_checkpoint(args.input, args.output_dir, field="--input", do_lower_case=casing)
             print(f"{args.output_dir}: bert_jax checkpoint" + (f" (not in the source: {fresh[0]})" if fresh else ""))
     except (*errors.USER_ERRORS, ImportError) as e:
         print(errors.exit_with("convert", e).code, file=sys.stderr)

@@ -7,7 +7,12 @@ a run directory carries for the next job.
                                 bert_model.ckpt.index (or one *.ckpt.index), or a prefix
                                 `<dir>/bert_model.ckpt` (`tf1.from_tf_checkpoint`, the `tf` extra);
   a bert_jax run                its workdir or `<workdir>/checkpoints` (the newest readable checkpoint),
-                                or `<workdir>/checkpoints/<step>` (that one): pre-training or fine-tuning.
+                                or `<workdir>/checkpoints/<step>` (that one): pre-training or fine-tuning;
+  a released checkpoint's name  one of Google's (`cased_L-12_H-768_A-12`: a TensorFlow checkpoint) or a
+                                Hugging Face model id (`bert-base-uncased`, `org/name@revision`), when no path of
+                                that name exists: downloaded once into a cache (`released.local_directory`).
+The casing is the source's tokenizer_config.json, else, for a TensorFlow checkpoint, google-research/bert's rule
+on its folder's name (`released.casing`: `cased_L-12_H-768_A-12` is cased).
 The architecture (the twelve bert_config.json fields, and the layer layout of a bert_jax run) comes
 from the source; the compute options and the dropout probabilities (`JOB_FIELDS`) are the job's.
 `load_params` then reads the source's arrays in the job's shapes and shardings, which
@@ -35,7 +40,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.checkpoints import checkpointing, hf, tf1
+from bert_jax.checkpoints import checkpointing, hf, released, tf1
 from bert_jax import storage
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig
 
@@ -58,14 +63,16 @@ class Initialisation:
     Attributes:
       kind: "random" (no source), "hf" (a Hugging Face directory or a TensorFlow checkpoint: the arrays are
         in `params`) or "orbax" (a bert_jax run: read from `path` at `step` by `load_params`).
-      path: the source as given; for "orbax" its checkpoints directory.
+      path: the source as given (a released checkpoint's name stays the name); for "orbax" its checkpoints
+        directory.
       config: the architecture of the source with the job's `JOB_FIELDS` (for "random": the job's own).
       params: kind "hf": the BertForPreTraining tree of numpy arrays (`hf.from_hf`).
       fresh: kind "hf": "/"-joined paths of `params` the source lacked (filled by the converter, not loaded).
       step: kind "orbax": the checkpoint named (`<workdir>/checkpoints/<step>`); None: the newest readable one
         when the arrays are read (unreadable newer ones are moved aside then).
       vocab_file: the vocab.txt that belongs to the source (beside it, or in the run directory), or None.
-      do_lower_case: the source's recorded casing (tokenizer_config.json), or None when not recorded.
+      do_lower_case: the source's recorded casing (tokenizer_config.json; for a TensorFlow checkpoint without one,
+        `released.casing` of its folder's name), or None when not known.
     """
 
     kind: str
@@ -92,33 +99,41 @@ def resolve(path: str, model: Mapping[str, Any], *, field: str = "config.init_ch
     """Reads the architecture (and, for Hugging Face and TensorFlow checkpoints, the arrays) named by `path`.
 
     Args:
-      path: the source (module docstring), or "" for random initialisation.
+      path: the source (module docstring), or "" for random initialisation. A string that is no existing
+        path is a name (`released`): one of Google's released checkpoints, else a Hugging Face model id.
       model: the job's config.model (bert_config.json fields and compute options): its `JOB_FIELDS`, and
         scan_layers for Hugging Face and TensorFlow sources, are kept; for "" all of it.
       field: the flag named in errors.
 
     Raises:
-      FileNotFoundError: `path` does not exist or is none of the sources (one line naming it); a bert_jax
-        run whose checkpoints are all unreadable (checkpointing.NoReadableCheckpoint).
+      FileNotFoundError: `path` does not exist and is no name, or is none of the sources (one line naming it);
+        a bert_jax run whose checkpoints are all unreadable (checkpointing.NoReadableCheckpoint); a Hugging
+        Face id not in its cache offline, or not on the Hub (`released.hub_snapshot`).
+      ConnectionError: downloading a released checkpoint failed (`released.local_directory`).
       ImportError: a TensorFlow checkpoint without TensorFlow (the `tf` extra).
-      ValueError: a bad config or weight file in the source (from `convert`), a bad `model`.
+      ValueError: a bad config or weight file in the source (from `convert`), a bad `model`; a released
+        checkpoint whose sha256 differs from the expected one, or is not known.
     """
     compute = {k: model[k] for k in JOB_FIELDS}
     if not path:
         return Initialisation("random", "", BertConfig.from_dict(dict(model)))
+    local = path
     if not storage.exists(path) and not storage.exists(f"{path}.index"):
-        raise FileNotFoundError(f"{field}={path!r} does not exist")
-    if storage.is_file(storage.join(path, hf.CONFIG_NAME)):
+        local = released.local_directory(path, field=field)  # a released checkpoint's name, else an error
+    if storage.is_file(storage.join(local, hf.CONFIG_NAME)):
         fresh: list[str] = []
-        bert_config, params = hf.from_hf(path, scan_layers=model["scan_layers"], fresh=fresh, **compute)
-        return Initialisation("hf", path, bert_config, params, tuple(fresh), None, *_vocabulary_beside(path))
-    prefix = tf1.tf_checkpoint_prefix(path) if not storage.is_remote(path) else None
+        bert_config, params = hf.from_hf(local, scan_layers=model["scan_layers"], fresh=fresh, **compute)
+        return Initialisation("hf", path, bert_config, params, tuple(fresh), None, *_vocabulary_beside(local))
+    prefix = tf1.tf_checkpoint_prefix(local) if not storage.is_remote(local) else None
     if prefix is not None:
         fresh = []
         bert_config, params = tf1.from_tf_checkpoint(prefix, scan_layers=model["scan_layers"],
                                                                fresh=fresh, **compute)
-        return Initialisation("hf", path, bert_config, params, tuple(fresh), None,
-                              *_vocabulary_beside(os.path.dirname(prefix) or "."))
+        vocab, casing = _vocabulary_beside(os.path.dirname(prefix) or ".")
+        return Initialisation("hf", path, bert_config, params, tuple(fresh), None, vocab,
+                              released.casing(prefix) if casing is None else casing)
+    if local != path:
+        raise FileNotFoundError(f"{field}={path!r}: {local} holds neither config.json nor a TensorFlow checkpoint")
     step = None
     parent, name = os.path.split(path.rstrip("/"))
     if name.isdigit() and parent and storage.is_file(storage.join(path, "_CHECKPOINT_METADATA")):
@@ -174,8 +189,8 @@ def vocabulary(init: Initialisation, vocab_file: str, do_lower_case: bool | None
         raise ValueError(f"{field}.vocab_file={vocab_file!r} differs from the vocabulary of {field}.init_checkpoint "
                          f"({init.vocab_file}); leave vocab_file empty to use the checkpoint's")
     if do_lower_case is not None and init.do_lower_case is not None and do_lower_case != init.do_lower_case:
-        raise ValueError(f"{field}.do_lower_case={do_lower_case} conflicts with {field}.init_checkpoint, pre-trained "
-                         f"with do_lower_case={init.do_lower_case}")
+        raise ValueError(f"{field}.do_lower_case={do_lower_case} conflicts with {field}.init_checkpoint="
+                         f"{init.path!r}, pre-trained with do_lower_case={init.do_lower_case}")
     vocab = vocab_file or init.vocab_file
     if not vocab:
         raise ValueError(f"{field}.vocab_file is empty and {field}.init_checkpoint has no vocab.txt: name the "
