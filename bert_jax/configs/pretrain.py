@@ -128,6 +128,17 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.log_every = 100  # steps between metrics (TensorBoard and console)
     config.checkpoint_every = 10_000  # steps between checkpoints (also at the phase switch and the end)
     config.keep_checkpoints = 3  # newest checkpoints kept
+    # One run per workdir (bert_jax.training.guards.lease): a second run stops while this one's lease is fresh; a lease whose
+    # heartbeat is older than lease_timeout_s (a crashed run elsewhere) is taken over. Seconds; 0: the defaults,
+    # 300 and 30 (lease.TIMEOUT_S, lease.HEARTBEAT_S).
+    config.lease_timeout_s = 0.0
+    config.lease_heartbeat_s = 0.0
+    # A bad step (a non-finite loss or gradient norm; a loss over the running mean by spike_sigmas running standard
+    # deviations, after warmup_steps steps of a phase) restores the newest checkpoint and skips the batches drawn since
+    # it (bert_jax.training.guards.rollback); more than max_rollbacks within window_steps steps, or enabled=False: the run
+    # stops in one line. checkpoint_every bounds how far back a rollback goes.
+    config.rollback = ml_collections.ConfigDict(dict(enabled=True, spike_sigmas=6.0, warmup_steps=100, ema_decay=0.99,
+                                                     max_rollbacks=3, window_steps=2000))
     # Every phase's train step compiled before step 0 and checked against the memory a device may use, so that a
     # phase that does not fit stops the run at its start: "auto" (on GPUs and TPUs), "always", "never".
     config.precompile = "auto"

@@ -132,12 +132,14 @@ def check_recipe_kind(config: ml_collections.ConfigDict, name: str) -> None:
 def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config_help: str) -> None:
     """The command line of a fine-tuning job: --config (with --config.x=y overrides), --workdir and the
     multi-host flags of `bert_jax.training.distributed` (--jax_distributed, as launch/tpu_vm_pod.sh passes);
-    prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
+    holds the workdir's lease while the job runs (`bert_jax.training.guards.lease`: a second job on the same workdir stops
+    in one line); prints the metrics as JSON; bad input exits with one line `<name>: <message>`."""
     from absl import app, flags, logging
     from bert_jax import configs
 
     from bert_jax import console
     from bert_jax.training import distributed
+    from bert_jax.training.guards import lease
 
     console.install()
 
@@ -154,7 +156,10 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
             check_recipe_kind(flags.FLAGS.config, name)
             storage.check_output_dir(flags.FLAGS.workdir, "--workdir")
             distributed.initialize_from_flags()
-            metrics = run(configs.mark_explicit_model_fields(flags.FLAGS.config), flags.FLAGS.workdir)
+            config = flags.FLAGS.config
+            with lease.hold(flags.FLAGS.workdir, name, config.get("lease_timeout_s"),
+                            config.get("lease_heartbeat_s")):  # one job per workdir (0 or absent: the defaults)
+                metrics = run(configs.mark_explicit_model_fields(config), flags.FLAGS.workdir)
         except errors.USER_ERRORS as e:
             raise errors.exit_with(name, e) from None
         if jax.process_index() == 0:

@@ -5,8 +5,11 @@ step, does what is due at it, in this order:
 
   check       each step's loss and gradient norm, one step late (the next step is dispatched first, so
               the device never waits on the host; at most one step in flight), and before any log,
-              evaluation or checkpoint: a non-finite value raises `FloatingPointError` naming the step
-              (the step index s the state had when it started, whose dropout key is fold_in(rng, s)).
+              evaluation or checkpoint: a bad step (a non-finite value; with a `rollback.Guard`, also a loss
+              spike) raises `FloatingPointError` naming the step (the step index s the state had when it
+              started, whose dropout key is fold_in(rng, s)), or, given `rollback`, is handed to it: the run
+              goes on from the state and step it returns (the step in flight, computed from the bad state,
+              is dropped), and the actions of that step are not done.
   log         every `log_every` steps and at the last: the step's metrics as floats and the `steps.Lap`
               of the window since the last log, handed to the job's `log`.
   evaluate    every `eval_every` steps and at the last (when the job has one), out of the timed window.
@@ -66,8 +69,13 @@ def check_finite(step: int, metrics: Mapping[str, Any], checkpointed: bool = Fal
     host) is not finite; `checkpointed`: the message says the last checkpoint is kept."""
     loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        kept = "; the last checkpoint is kept" if checkpointed else ""
-        raise FloatingPointError(f"non-finite loss {loss} (gradient norm {grad_norm}) at step {step}{kept}")
+        raise bad_step(step, f"non-finite loss {loss} (gradient norm {grad_norm})", checkpointed)
+
+
+def bad_step(step: int, verdict: str, checkpointed: bool) -> FloatingPointError:
+    """The one-line error of a bad step that stops the run: '<verdict> at step <step>[; the last checkpoint is
+    kept]'."""
+    return FloatingPointError(f"{verdict} at step {step}{'; the last checkpoint is kept' if checkpointed else ''}")
 
 
 def with_mfu(postfix: Mapping[str, str], values: Mapping[str, float]) -> dict[str, str]:
@@ -95,6 +103,9 @@ class Runner:
       save: (step, state) -> None, every checkpoint_every (>= 1) steps, at the last and on preemption;
         None: never. `checkpointed`: a step whose checkpoint exists (a resumed run's), not saved again.
       preempted: step -> whether to checkpoint and stop now (every process must agree); None: never.
+      guard: the bad-step test with running statistics (`bert_jax.training.guards.rollback.Guard`); None: non-finite
+        values only.
+      rollback: (bad step, verdict) -> (step, state) to go on from (`check`); None: a bad step stops the run.
 
     Attributes:
       step: the steps taken so far (the state's step).
@@ -106,8 +117,10 @@ class Runner:
                  log: Callable[[int, dict[str, float], steps.Lap], Mapping[str, str]],
                  eval_every: int = 0, evaluate: Callable[[int, Any], None] | None = None,
                  checkpoint_every: int = 0, save: Callable[[int, Any], None] | None = None,
-                 checkpointed: int | None = None, preempted: Callable[[int], bool] | None = None):
+                 checkpointed: int | None = None, preempted: Callable[[int], bool] | None = None,
+                 guard: Any = None, rollback: Callable[[int, str], tuple[int, Any]] | None = None):
         self.step, self.final_step = step, final_step
+        self.guard, self.rollback = guard, rollback
         self.log_every, self.log = log_every, log
         self.eval_every, self.evaluate = eval_every, evaluate
         self.checkpoint_every, self.save = checkpoint_every, save
@@ -142,8 +155,10 @@ class Runner:
         if self.step >= self.final_step:
             return state
         for step_fn, batch in batches:
-            self.state, metrics = step_fn(self.state, batch)
-            self.check()  # the previous step's
+            state, metrics = step_fn(self.state, batch)
+            if self.check():  # the previous step's was bad: rolled back, the step in flight dropped
+                continue
+            self.state = state
             self._pending = (self.step, metrics)
             self.step += 1
             self.timer.tick()
@@ -159,34 +174,54 @@ class Runner:
         self.check()
         return self.state
 
-    def check(self) -> None:
-        """Checks the last step's metrics if not yet done (`check_finite`)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            check_finite(*pending, checkpointed=self.save is not None)
+    def check(self) -> bool:
+        """Checks the last step's metrics if not yet done: a bad step (module docstring) raises FloatingPointError
+        (`bad_step`) or is rolled back. Returns True when it was rolled back (`step` and `state` are the ones to go
+        on from)."""
+        if self._pending is None:
+            return False
+        (step, metrics), self._pending = self._pending, None
+        loss, grad_norm = (float(v) for v in jax.device_get((metrics["loss"], metrics["grad_norm"])))
+        if self.guard is not None:
+            verdict = self.guard.verdict(step, loss, grad_norm)
+        else:
+            verdict = None if math.isfinite(loss) and math.isfinite(grad_norm) else \
+                f"non-finite loss {loss} (gradient norm {grad_norm})"
+        if verdict is None:
+            return False
+        if self.rollback is None:
+            raise bad_step(step, verdict, self.save is not None)
+        self.step, self.state = self.rollback(step, verdict)
+        self.saved.add(self.step)  # the checkpoint it went back to
+        self.progress.n = self.step
+        self.progress.refresh()
+        self.timer.restart(wait_for=self.state)
+        return True
 
     def checkpoint(self) -> None:
-        """Saves the current state (once per step) after checking every step so far, out of the timed window."""
-        self.check()
-        if self.save is None or self.step in self.saved:
+        """Saves the current state (once per step) after checking every step so far, out of the timed window;
+        nothing when the check rolled back."""
+        if self.check() or self.save is None or self.step in self.saved:
             return
         with self.timer.paused(wait_for=self.state):
             self.save(self.step, self.state)
         self.saved.add(self.step)
 
     def _after_step(self) -> bool:
-        """The actions due at this step; True when preempted (checkpointed: stop)."""
-        if self.due(self.log_every):
-            step, metrics = self._pending
+        """The actions due at this step, after checking it where one is; True when preempted (checkpointed:
+        stop)."""
+        preempted = self.preempted is not None and self.preempted(self.step)
+        due = self.due(self.log_every) or (self.evaluate is not None and self.due(self.eval_every)) or \
+            (self.save is not None and self.due(self.checkpoint_every))
+        metrics = self._pending[1] if self._pending is not None else None
+        if (due or preempted) and self.check():
+            return False  # rolled back: this step's actions are not done
+        if self.due(self.log_every) and metrics is not None:
             values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            self._pending = None
-            check_finite(step, values, checkpointed=self.save is not None)
             self.progress.set_postfix(**with_mfu(self.log(self.step, values, self.timer.lap()), values))
         if self.evaluate is not None and self.due(self.eval_every):
-            self.check()
             with self.timer.paused(wait_for=self.state):
                 self.evaluate(self.step, self.state)
-        preempted = self.preempted is not None and self.preempted(self.step)
         if preempted or (self.save is not None and self.due(self.checkpoint_every)):
             self.checkpoint()
         return preempted

@@ -17,8 +17,9 @@ each checkpoint stores the phase and its input iterator's position, so a run res
 continues phase-2 data where it stopped.
 
 Failure handling (`loop.Runner`): SIGTERM (TPU preemption) -> checkpoint at the next step boundary and a
-clean exit; a non-finite loss or gradient norm -> `FloatingPointError` naming the step, before any
-checkpoint or evaluation of that state.
+clean exit; a non-finite loss or gradient norm, or a loss spike -> back to the newest checkpoint, the batches
+since skipped (`bert_jax.training.guards.rollback`; config.rollback.enabled=False: `FloatingPointError` naming the
+step), never a checkpoint or evaluation of that state; one run per workdir (`bert_jax.training.guards.lease`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import optax
 
 from bert_jax.checkpoints import checkpointing, sources
 from bert_jax.training import distributed, evaluation, loop, losses, sharding, steps, summaries
+from bert_jax.training.guards import lease, rollback
 from bert_jax.training.compiled import memory
 from bert_jax import errors, storage
 from bert_jax.model import bert_config, flops, modeling
@@ -438,14 +440,15 @@ def _train(config, workdir: str, max_steps: int | None, preemption: loop.Preempt
     if changes:
         sources.say(f"train: architecture from config.init_checkpoint={init.path!r}: "
                            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
-    if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
-        sources.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
-    run = _Run(config, workdir, mesh, phases, program, max_steps, init, preemption)
-    try:
-        with jax.set_mesh(mesh):
-            run.runner.run(run.start_state, run.batches())
-    finally:
-        run.close()
+    with lease.hold(workdir, "train", config.lease_timeout_s, config.lease_heartbeat_s) as held:  # before any write
+        if jax.process_index() == 0:  # before the first step: what fine-tuning and conversion read
+            sources.write_run_files(workdir, program.model.config, vocab_file, do_lower_case)
+        run = _Run(config, workdir, mesh, phases, program, max_steps, init, preemption, held)
+        try:
+            with jax.set_mesh(mesh):
+                run.runner.run(run.start_state, run.batches())
+        finally:
+            run.close()
     return dict(run.logged, step=run.runner.step)  # the metrics of the last log, and where the run stopped
 
 
@@ -454,9 +457,9 @@ class _Run:
     data iterator, checkpointer, summaries, and the runner's actions (log, evaluate, save, preempted)."""
 
     def __init__(self, config, workdir: str, mesh, phases: list[Phase], program: Program, max_steps: int | None,
-                 init: sources.Initialisation | None, preemption: loop.Preemption):
+                 init: sources.Initialisation | None, preemption: loop.Preemption, held: lease.Lease | None = None):
         self.config, self.mesh, self.phases, self.program = config, mesh, phases, program
-        self.preemption = preemption
+        self.preemption, self.lease = preemption, held
         self.is_main = jax.process_index() == 0
         self.checkpointer = checkpointing.Checkpointer(storage.join(workdir, "checkpoints"),
                                                        max_to_keep=config.keep_checkpoints)
@@ -466,6 +469,7 @@ class _Run:
             state = initial_state(config, program, mesh, init)
         elif self.is_main:
             print(f"train: resumed from the checkpoint at step {latest}", file=sys.stderr, flush=True)
+        settings = rollback.Settings.from_config(config.rollback)
         self.start_state = state
         step = int(jax.device_get(state.step))
         self.phase = _phase_at(phases, step)
@@ -476,6 +480,9 @@ class _Run:
             resume, order = _packed_resume(resume["per_process"], self.phase, self.is_main)
         self.iterator = iterator(self.phase, config, resume, order)
         self.writer = summaries.open_writer(workdir, self.is_main)
+        self.rollbacks = rollback.Rollbacks(settings, self.checkpointer, (program.abstract, program.shardings),
+                                            self.writer, config.checkpoint_every)
+        self.rollbacks.resumed(latest, data_state)
         self.config_json = json.loads(config.to_json())
         # MFU's denominator: the config's figure, else the published peak of a known TPU; none on CPU.
         self.peak_flops = (config.peak_tflops_per_device * 1e12
@@ -488,7 +495,8 @@ class _Run:
             step, min(config.total_steps, max_steps or config.total_steps), desc="pre-training",
             log_every=config.log_every, log=self.log, eval_every=config.eval_every,
             evaluate=self.evaluate if self.held_out is not None else None, checkpoint_every=config.checkpoint_every,
-            save=self.save, checkpointed=latest, preempted=self.preempted)
+            save=self.save, checkpointed=latest, preempted=self.preempted,
+            guard=self.rollbacks.guard if settings.enabled else None, rollback=self.rollbacks if settings.enabled else None)
 
     def batches(self):
         """(train step, global batch) per step; at a phase switch, a checkpoint first, then the next
@@ -496,15 +504,18 @@ class _Run:
         while True:
             if self.runner.step == self.phase.end:
                 self.runner.checkpoint()
+            if self.runner.step == self.phase.end:  # (the check before the save may have rolled back)
                 self.phase = self.phases[self.phase.index + 1]
+                self.rollbacks.guard.restart()
                 self.iterator.close()
                 self.iterator = iterator(self.phase, self.config, None)
                 if self.held_out is not None:
                     self.held_out.batches(self.phase)  # the new phase's evaluation batches, before its first step
                 if self.phase.index not in self.steps:  # compiled at its first step, not before step 0
                     self.runner.recompiling()
-            yield (self.steps.get(self.phase.index, self.program.train_step),
-                   global_batch(next(self.iterator), self.mesh))
+            batch = global_batch(next(self.iterator), self.mesh)
+            self.rollbacks.drew()
+            yield self.steps.get(self.phase.index, self.program.train_step), batch
 
     def log(self, step: int, values: dict[str, float], lap: steps.Lap) -> dict[str, str]:
         """Writes the step's metrics with the window's throughput (sequences, tokens, MFU) as "train"."""
@@ -534,8 +545,12 @@ class _Run:
         return self.checkpointer.manager.reached_preemption(step)
 
     def save(self, step: int, state: TrainState) -> None:
-        """Checkpoints the state, phase and data position at `step`."""
-        self.checkpointer.save(step, state, {"phase": self.phase.index, "iterator": self.iterator_state()},
+        """Checkpoints the state, phase and data position at `step` (after checking that the workdir's lease is still
+        this run's)."""
+        if self.lease is not None:
+            self.lease.check()
+        self.checkpointer.save(step, state, {"phase": self.phase.index, "iterator": self.iterator_state(),
+                                             "rollback": self.rollbacks.saving(step)},
                                self.config_json)
 
     def iterator_state(self) -> dict:
