@@ -5,10 +5,14 @@ TPU pod; the same code runs on local paths on a laptop. Orbax handles the checkp
 leave a half-written file behind:
   - local paths: write to `<name>.tmp<pid>` beside the target, then `os.replace` (atomic on POSIX);
   - URIs: one whole-object upload (an object store publishes an object only once its upload completes,
-    and a rename there is a copy, so a temporary name would buy nothing).
+    and a rename there is a copy, so a temporary name would buy nothing). An upload that fails midway is
+    abandoned (`_object_writer`): closing an fsspec file, as leaving a `with` block by an exception does,
+    would publish what was written so far under the final name.
 
 A path counts as remote when it contains "://" (gs://, s3://, ...); reading one needs the backend epath
-uses for that scheme (gcsfs or TensorFlow's gfile for gs://).
+uses for that scheme (gcsfs, or TensorFlow's gfile for gs:// when TensorFlow is installed and EPATH_USE_TF is
+not false; gfile cannot abandon an upload). Against a Cloud Storage emulator, the clients are pointed at it
+by their environment variables alone (docs/pretraining.md, "Cloud Storage").
 
 Output directories with many or large files (the data writers) are built in a local staging directory and
 published file by file (`staging_dir`, `publish`: renamed locally, uploaded to a URI), metadata.json last.
@@ -18,6 +22,7 @@ Readers that open only local files and gs:// URIs (ArrayRecord's) read other URI
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import json
@@ -140,7 +145,8 @@ def read_json(path: str | os.PathLike) -> Any:
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes `data` to `path` all at once (see the module docstring); the parent must exist locally."""
     if is_remote(path):
-        epath.Path(path).write_bytes(data)
+        with _object_writer(path) as f:
+            f.write(data)
         return
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -215,9 +221,32 @@ def publish(work: str, output_dir: str | os.PathLike, names: Sequence[str]) -> N
 
 
 def upload(local: str, path: str | os.PathLike) -> None:
-    """Copies the local file `local` to `path` (a URI), streamed in 16 MiB blocks."""
-    with open(local, "rb") as src, epath.Path(path).open("wb") as dst:
+    """Copies the local file `local` to `path` (a URI), streamed in 16 MiB blocks; nothing is published at
+    `path` when the copy fails midway (`_object_writer`)."""
+    with open(local, "rb") as src, _object_writer(path) as dst:
         shutil.copyfileobj(src, dst, 16 << 20)
+
+
+@contextlib.contextmanager
+def _object_writer(path: str | os.PathLike):
+    """A binary file writing the object `path` (a URI), published when the block ends. When the block
+    raises, the upload is abandoned instead: an fsspec file (gcsfs, s3fs) publishes on close whatever it was
+    given, and leaving a `with` block by an exception closes it; so its resumable or multipart upload is
+    cancelled (`discard`) and the file marked closed. A writer without that API (TensorFlow's gfile) is closed."""
+    import fsspec
+
+    f = epath.Path(path).open("wb")
+    try:
+        yield f
+    except BaseException:
+        if isinstance(f, fsspec.spec.AbstractBufferedFile):
+            with contextlib.suppress(Exception):  # cleanup only: an upload never finalized publishes nothing
+                f.discard()
+            f.closed = True  # close() now sends nothing; the bytes buffered locally are dropped
+        else:
+            f.close()
+        raise
+    f.close()
 
 
 _LOCAL_COPIES: dict[str, str] = {}

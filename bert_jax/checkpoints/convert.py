@@ -129,8 +129,11 @@ def _write_directory(output_dir: str, write) -> None:
     """`write(tmp)` into a temporary sibling of `output_dir`, renamed to it when complete.
 
     Raises:
-      ValueError: `output_dir` exists and is not an empty directory.
+      ValueError: `output_dir` exists and is not an empty directory, or is a URI (gs://...).
     """
+    if storage.is_remote(output_dir):  # os.path would make it a local path under the working directory
+        raise ValueError(f"--output_dir={output_dir!r} is a URI: convert writes a local directory (copy it to the "
+                         "bucket afterwards)")
     output_dir = os.path.abspath(output_dir)
     if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
         raise ValueError(f"--output_dir={output_dir!r} exists and is not an empty directory")
