@@ -30,8 +30,14 @@ def test_initialize_passes_the_flags_through(calls):
     assert distributed.initialize_from_flags(_parsed("--jax_distributed")) is True
     assert distributed.initialize_from_flags(_parsed("--coordinator_address=10.0.0.1:1234", "--num_processes=4",
                                                      "--process_id=3")) is True
-    assert calls == [dict(coordinator_address=None, num_processes=None, process_id=None),
-                     dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3)]
+    # JAX's own heartbeat timeout stays longer than the watchdog's (--process_timeout, 60 s: 3 x 60 = 180 s)
+    assert calls == [dict(coordinator_address=None, num_processes=None, process_id=None, heartbeat_timeout_seconds=180),
+                     dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3,
+                          heartbeat_timeout_seconds=180)]
+    distributed.initialize_from_flags(_parsed("--jax_distributed", "--process_timeout=10"))
+    assert calls[-1]["heartbeat_timeout_seconds"] == 100  # never under JAX's default
+    with pytest.raises(ValueError, match=r"^--process_timeout=0.0 must be positive \(seconds\)$"):
+        distributed.initialize_from_flags(_parsed("--jax_distributed", "--process_timeout=0"))
 
 
 def test_single_process_without_flags(calls):

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -169,3 +170,48 @@ def test_packed_dynamic_input_resumes_on_another_process_count(small_instances, 
     assert "not bit-identical" in notices[0]
     assert final["step"] == STEPS and np.isfinite(final["loss"])
     assert 4 in _steps_of(tmp_path / "one")  # the re-split order checkpointed
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_the_other_in_one_line_and_the_pair_resumes(small_instances, packed_two, params_of,
+                                                                           tmp_path):
+    """Process 1 SIGKILLed after the first checkpoint: process 0 exits with status 75 within --process_timeout (plus
+    the watchdog's interval and start-up slack) with one line naming process 1 as its last, no fatal-error dump;
+    the pair started again resumes from the newest checkpoint and ends with the uninterrupted run's parameters,
+    bit for bit."""
+    whole, extra = packed_two
+    timeout = 8
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS=xla_flags(DEVICES // 2), JAX_PLATFORMS="cpu",
+               JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+    procs = [subprocess.Popen([sys.executable, *_args(small_instances, tmp_path, extra),
+                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+                               f"--process_timeout={timeout}"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    deadline = time.time() + 300
+    while not ((tmp_path / "checkpoints").is_dir() and _steps_of(tmp_path)) and time.time() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.05)
+    procs[1].kill()
+    killed = time.time()
+    _, err = procs[0].communicate(timeout=timeout * 3 + 60)
+    elapsed = time.time() - killed
+    procs[1].communicate()
+    assert procs[0].returncode == 75, err[-3000:]
+    assert elapsed < timeout + 10, elapsed
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train: lost process 1 of 2 (no heartbeat for ") and last.endswith(
+        "more than --process_timeout=8): it crashed or its host is gone; stopping (status 75): restart the whole run "
+        "to resume from the newest checkpoint"), last
+    assert "Check failure" not in err and "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+    stopped_at = max(_steps_of(tmp_path))
+    assert stopped_at < STEPS
+    log = []
+    _two_processes(small_instances, tmp_path, extra, log)
+    assert f"train: resumed from the checkpoint at step {stopped_at}" in log[0], log[0][-2000:]
+    expected, resumed = params_of(whole, STEPS), params_of(tmp_path, STEPS)
+    for k in expected:
+        np.testing.assert_array_equal(resumed[k], expected[k], err_msg=k)

@@ -139,7 +139,7 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
 
     from bert_jax import console
     from bert_jax.training import distributed
-    from bert_jax.training.guards import lease
+    from bert_jax.training.guards import lease, watchdog
 
     console.install()
 
@@ -155,13 +155,16 @@ def cli(run: Callable[[ml_collections.ConfigDict, str], dict], name: str, config
         try:
             check_recipe_kind(flags.FLAGS.config, name)
             storage.check_output_dir(flags.FLAGS.workdir, "--workdir")
-            distributed.initialize_from_flags()
+            distributed.initialize_from_flags(command=name)
             config = flags.FLAGS.config
             with lease.hold(flags.FLAGS.workdir, name, config.get("lease_timeout_s"),
                             config.get("lease_heartbeat_s")):  # one job per workdir (0 or absent: the defaults)
                 metrics = run(configs.mark_explicit_model_fields(config), flags.FLAGS.workdir)
         except errors.USER_ERRORS as e:
-            raise errors.exit_with(name, e) from None
+            error = errors.exit_with(name, e)
+            watchdog.exit_on_error(error.code)  # several processes: a lost peer's line wins; never returns there
+            raise error from None
+        watchdog.stop()
         if jax.process_index() == 0:
             print(json.dumps(metrics))
 

@@ -1,7 +1,8 @@
 """Multi-host start-up flags shared by the command-line entry points.
 
-  define_flags()            --jax_distributed, --coordinator_address, --num_processes, --process_id
-  initialize_from_flags()   jax.distributed.initialize(...) when asked for, before any JAX computation
+  define_flags()            --jax_distributed, --coordinator_address, --num_processes, --process_id, --process_timeout
+  initialize_from_flags()   jax.distributed.initialize(...) when asked for, before any JAX computation, and the
+                            lost-process watchdog (bert_jax.training.guards.watchdog)
   allgather_json(value)     every process's JSON value (per-process input-pipeline states)
 
 On a TPU VM pod `--jax_distributed` alone is enough (JAX finds the coordinator, the process count and
@@ -38,7 +39,7 @@ def allgather_json(value: Any) -> list[Any]:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Defines the four multi-host flags in `flag_values` (once per process; absl raises
+    """Defines the five multi-host flags in `flag_values` (once per process; absl raises
     DuplicateFlagError on a second definition)."""
     flags.DEFINE_bool("jax_distributed", False, "Call jax.distributed.initialize() (multi-host; auto on TPU pods).",
                       flag_values=flag_values)
@@ -48,10 +49,15 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          flag_values=flag_values)
     flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).",
                          flag_values=flag_values)
+    flags.DEFINE_float("process_timeout", 60.0, "Seconds without a heartbeat after which a process of a multi-host "
+                       "run counts as lost: every other process then exits (status 75) with one line naming it "
+                       "(bert_jax.training.guards.watchdog).", flag_values=flag_values)
 
 
-def initialize_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> bool:
-    """Calls `jax.distributed.initialize` when --jax_distributed or --coordinator_address is set.
+def initialize_from_flags(flag_values: flags.FlagValues = flags.FLAGS, command: str = "train") -> bool:
+    """Calls `jax.distributed.initialize` when --jax_distributed or --coordinator_address is set, then starts the
+    lost-process watchdog (`bert_jax.training.guards.watchdog`, --process_timeout; `command` names the job in its
+    line); JAX's own heartbeat timeout is `watchdog.JAX_TIMEOUT_FACTOR` times longer.
 
     The flags must be defined (`define_flags`) and parsed. Call before any JAX computation.
 
@@ -71,6 +77,12 @@ def initialize_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> bool:
     import jax
 
     # On a TPU VM pod every argument is found automatically; elsewhere they come from the flags.
+    from bert_jax.training.guards import watchdog
+
+    if f.process_timeout <= 0:
+        raise ValueError(f"--process_timeout={f.process_timeout} must be positive (seconds)")
     jax.distributed.initialize(coordinator_address=f.coordinator_address, num_processes=f.num_processes,
-                               process_id=f.process_id)
+                               process_id=f.process_id,
+                               heartbeat_timeout_seconds=max(100, round(watchdog.JAX_TIMEOUT_FACTOR * f.process_timeout)))
+    watchdog.start(f.process_timeout, command)
     return True

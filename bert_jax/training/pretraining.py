@@ -39,7 +39,7 @@ import optax
 
 from bert_jax.checkpoints import checkpointing, sources
 from bert_jax.training import distributed, evaluation, loop, losses, sharding, steps, summaries
-from bert_jax.training.guards import lease, rollback
+from bert_jax.training.guards import lease, rollback, watchdog
 from bert_jax.training.compiled import memory
 from bert_jax import errors, storage
 from bert_jax.model import bert_config, flops, modeling
@@ -596,10 +596,13 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     f = flags.FLAGS
     try:
-        distributed.initialize_from_flags()
+        distributed.initialize_from_flags(command="train")
         metrics = train_and_evaluate(configs.mark_explicit_model_fields(f.config), f.workdir, max_steps=f.max_steps)
     except errors.USER_ERRORS as e:
-        raise errors.exit_with("train", e) from None
+        error = errors.exit_with("train", e)
+        watchdog.exit_on_error(error.code)  # several processes: a lost peer's line wins; never returns there
+        raise error from None
+    watchdog.stop()
     if jax.process_index() == 0:
         print(json.dumps(metrics))
     return 0
