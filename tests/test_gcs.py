@@ -269,3 +269,50 @@ def test_an_unreadable_checkpoint_on_gcs_is_moved_aside(pipeline, bucket, capfd)
     assert storage.list_names(f"{bucket}/checkpoints") == ["2", "4.unreadable"]
     assert f"checkpoint 4 in {bucket}/checkpoints is unreadable (" in capfd.readouterr().err
     assert storage.is_file(f"{bucket}/checkpoints/4.unreadable/commit_success.txt")
+
+
+def test_the_workdir_lease_on_cloud_storage(bucket):
+    """`bert_jax.training.guards.lease` on a gs:// workdir, by the object store's own preconditions: a second run is
+    refused while the lease is fresh; of several runs that find the same stale lease at once, exactly one takes it;
+    the holder's heartbeat refreshes it in place; release deletes it only while it is the holder's."""
+    import threading
+    import time
+
+    from google.cloud import storage as gcs_client
+
+    from bert_jax.training.guards import lease
+
+    workdir = f"{bucket}/run"
+    held = lease.acquire(workdir, "train", timeout_s=30, heartbeat_s=0.3)
+    with pytest.raises(lease.WorkdirInUse, match=r"^--workdir gs://.*/run is in use by train on host "):
+        lease.acquire(workdir, "train", timeout_s=30, heartbeat_s=10)
+    store = gcs_client.Client.create_anonymous_client().bucket(bucket[len("gs://"):])
+
+    def blob():  # a new handle each time: one that has read an object asks for that generation again
+        return store.blob("run/lease.json")
+
+    first = json.loads(blob().download_as_bytes())["heartbeat"]
+    time.sleep(1.0)
+    assert json.loads(blob().download_as_bytes())["heartbeat"] > first  # refreshed by the heartbeat thread
+    held.release()
+    assert not blob().exists()
+    stale = {"run": "old", "job": "train", "host": "gone-host", "pid": 1, "started": 0.0, "heartbeat": time.time() - 60}
+    blob().upload_from_string(json.dumps(stale))
+    results, barrier = [], threading.Barrier(4)
+
+    def take():
+        barrier.wait()
+        try:
+            results.append(lease.acquire(workdir, "train", timeout_s=30, heartbeat_s=10))
+        except lease.WorkdirInUse as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if isinstance(r, lease.Lease)]
+    assert len(winners) == 1 and len(results) == 4, results
+    assert json.loads(blob().download_as_bytes())["run"] == winners[0].record["run"]
+    winners[0].release()

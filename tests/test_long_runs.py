@@ -172,3 +172,101 @@ def test_guard_statistics_hand_computed():
     assert guard.count == 0 and guard.verdict(6, 100.0, 1.0) is None  # warming up again
     with pytest.raises(ValueError, match=r"^config.rollback.ema_decay=1.0 must be in \(0, 1\)$"):
         rollback.Settings.from_config(dict(settings.__dict__, ema_decay=1.0))
+
+
+def _lease(workdir):
+    path = workdir / "lease.json"
+    return json.loads(path.read_text()) if path.is_file() and path.read_text() else None
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_one_run_per_workdir(small_instances, tmp_path):
+    """Two `python -m bert_jax.train` on one workdir, started seconds apart: the second exits non-zero with one line
+    naming the first (host, process) and writes nothing; the first goes on. SIGKILLed, the first leaves its lease,
+    which the next run takes over at once (its process is gone) with one line, then finishes and gives it back."""
+    first = subprocess.Popen(_cmd(small_instances, tmp_path, total_steps=10_000, extra=["--config.checkpoint_every=1000"]),
+                             cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (tmp_path / "tensorboard").is_dir():
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        time.sleep(0.1)
+    holder = _lease(tmp_path)
+    assert holder["pid"] == first.pid and holder["job"] == "train"
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file() and p.name != "lease.json"}
+    second = subprocess.run(_cmd(small_instances, tmp_path, total_steps=10_000), cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    (line,) = second.stderr.strip().splitlines()
+    assert line.startswith(f"train: --workdir {tmp_path} is in use by train on host {holder['host']} (process "
+                           f"{first.pid}), started ") and "(config.lease_timeout_s)" in line, line
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file() and p.name != "lease.json"} == before
+    assert first.poll() is None and _lease(tmp_path)["run"] == holder["run"]
+    first.kill()
+    first.communicate()
+    third = subprocess.run(_cmd(small_instances, tmp_path, total_steps=4), cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    taken = [line for line in third.stderr.splitlines() if "took over the lease" in line]
+    assert len(taken) == 1 and taken[0].startswith(f"train: took over the lease of --workdir {tmp_path} from train on "
+                                                   f"host {holder['host']} (process {first.pid})") and \
+        taken[0].endswith("(its process is gone)"), taken
+    assert _lease(tmp_path) is None
+
+
+def test_a_stale_lease_elsewhere_is_taken_over_and_a_lost_lease_stops_the_holder(tmp_path):
+    """Leases of another host: fresh, a second taker is refused; with a heartbeat older than the timeout, it is taken
+    over. A holder whose lease was taken over meanwhile stops at its next check, in one line; its release then leaves
+    the new holder's lease alone."""
+    from bert_jax.training.guards import lease
+
+    other = {"run": "r0", "job": "train", "host": "another-host", "pid": 1, "started": time.time() - 50}
+    (tmp_path / "lease.json").write_text(json.dumps(dict(other, heartbeat=time.time() - 5)))
+    with pytest.raises(lease.WorkdirInUse, match=r"is in use by train on host another-host \(process 1\), started .*, "
+                                                 r"last heartbeat 5 s ago: one run"):
+        lease.acquire(str(tmp_path), "squad", timeout_s=30, heartbeat_s=10)
+    (tmp_path / "lease.json").write_text(json.dumps(dict(other, heartbeat=time.time() - 31)))
+    held = lease.acquire(str(tmp_path), "squad", timeout_s=30, heartbeat_s=0.2)
+    assert _lease(tmp_path)["job"] == "squad"
+    held.check()
+    (tmp_path / "lease.json").write_text(json.dumps(dict(other, run="r1", heartbeat=time.time())))  # taken over
+    deadline = time.time() + 10
+    while held.lost is None and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(lease.WorkdirInUse, match=r"this run's lease was taken over by train on host another-host"):
+        held.check()
+    held.release()
+    assert _lease(tmp_path)["run"] == "r1"
+
+
+ROLLBACK_FLAGS = ("--config.mlm_bias_init=log_prior", "--config.rollback.warmup_steps=5", "--config.log_every=1")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_run_with_a_rollback_killed_and_resumed_ends_bit_identical(poisoned, tmp_path):
+    """The planted spike rolled back in a run (checkpoints every 3 steps), SIGKILLed as soon as it says so: the run
+    started again resumes from its newest checkpoint, meets the same batches and decisions, and ends with the
+    parameters of the same run uninterrupted, bit for bit (the guard's statistics and rollback record come back with
+    the checkpoint)."""
+    whole = subprocess.run(_cmd(poisoned, tmp_path / "whole", total_steps=24, extra=ROLLBACK_FLAGS), cwd=ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert sum("rolled back" in line for line in whole.stderr.splitlines()) == 1, whole.stderr[-3000:]
+    run = subprocess.Popen(_cmd(poisoned, tmp_path / "run", total_steps=24, extra=ROLLBACK_FLAGS), cwd=ROOT,
+                           env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in run.stderr:
+        if "rolled back" in line:
+            run.kill()
+            break
+    run.communicate()
+    assert run.returncode == -signal.SIGKILL, "the run ended before its rollback"
+    killed_at = max(_steps(tmp_path / "run"))
+    assert killed_at < 24
+    resumed = subprocess.run(_cmd(poisoned, tmp_path / "run", total_steps=24, extra=ROLLBACK_FLAGS), cwd=ROOT,
+                             env=_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"train: resumed from the checkpoint at step {killed_at}" in resumed.stderr
+    expected, got = _final_params(tmp_path / "whole", 24), _final_params(tmp_path / "run", 24)
+    for k in expected:
+        np.testing.assert_array_equal(got[k], expected[k], err_msg=k)
