@@ -178,20 +178,12 @@ def test_tfds_dataset_in_parts(data_dir, tokenizer, tmp_path):
 def test_num_workers_goes_to_the_runner_as_its_own_option():
     """--num_workers with --runner is Apache Beam's option of that name (Dataflow's initial number of workers), as
     Beam's own parser reads it; not given, the runner's default stands."""
-    from absl import flags as absl_flags
     from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
-    from bert_jax.data import create_pretraining_data as cli
+    from bert_jax.data.pretraining import beam_pipeline
 
-    values = absl_flags.FlagValues()
-    for name in ("runner", "num_workers"):
-        values[name] = cli.FLAGS[name]  # the command's own flag definitions, parsed afresh
-    values(["prog", "--runner=DataflowRunner", "--num_workers=40"])
-    args = cli.runner_args(values, ["--region=europe-west4"])
+    args = beam_pipeline.runner_args("DataflowRunner", 40, ["--region=europe-west4"])
     assert args == ["--runner=DataflowRunner", "--num_workers=40", "--region=europe-west4"]
     assert PipelineOptions(args).view_as(WorkerOptions).num_workers == 40
-    values.unparse_flags()
-    values(["prog", "--runner=DataflowRunner"])
-    args = cli.runner_args(values, [])
+    args = beam_pipeline.runner_args("DataflowRunner", None, [])
     assert args == ["--runner=DataflowRunner"] and PipelineOptions(args).view_as(WorkerOptions).num_workers is None
-    values.unparse_flags()  # the definitions are the command's: leave them unparsed

@@ -270,3 +270,21 @@ def test_a_run_with_a_rollback_killed_and_resumed_ends_bit_identical(poisoned, t
     expected, got = _final_params(tmp_path / "whole", 24), _final_params(tmp_path / "run", 24)
     for k in expected:
         np.testing.assert_array_equal(got[k], expected[k], err_msg=k)
+
+
+@pytest.mark.integration
+def test_a_finetuning_job_on_a_held_workdir_stops_in_one_line(tmp_path):
+    """The fine-tuning jobs hold the same lease: a GLUE job on a workdir whose lease a live process of this host
+    holds stops before anything else with one line naming it, leaving the lease as it was."""
+    import socket
+
+    holder = {"run": "r", "job": "train", "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+              "heartbeat": time.time()}
+    (tmp_path / "lease.json").write_text(json.dumps(holder))
+    result = subprocess.run([sys.executable, "-m", "bert_jax.tasks.glue", "--config", "glue:mrpc", "--workdir",
+                             str(tmp_path)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"glue: --workdir {tmp_path} is in use by train on host {holder['host']} (process "
+                           f"{os.getpid()})"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.json"] and _lease(tmp_path) == holder

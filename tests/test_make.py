@@ -81,3 +81,19 @@ def test_make_demo_offline_runs_the_demo_without_the_missing_folders(tmp_path):
         assert line.startswith(f"make demo: {what} not fetched (download: cannot download http://127.0.0.1:9/{url}"), line
         assert line.endswith("the demo skips its stage"), line
     assert not any((repo / ".data").rglob("*.json")) and not (repo / ".data" / "fetch.err").exists()
+
+
+def test_the_data_folder_rule(tmp_path, monkeypatch):
+    """Tests and benchmarks find the real data by one rule (benchmarks/shared_data.data_dir): $BERT_JAX_DATA; else
+    ../shared/data beside the checkout; else the checkout's .data, where `make test` downloads it on a fresh clone."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import shared_data
+
+    root = tmp_path / "repo"
+    (root / ".data").mkdir(parents=True)
+    monkeypatch.delenv("BERT_JAX_DATA", raising=False)
+    assert shared_data.data_dir(root) == (root / ".data").resolve()
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    assert shared_data.data_dir(root) == (tmp_path / "shared" / "data").resolve()
+    monkeypatch.setenv("BERT_JAX_DATA", str(tmp_path / "elsewhere"))
+    assert shared_data.data_dir(root) == (tmp_path / "elsewhere").resolve()

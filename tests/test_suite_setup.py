@@ -47,7 +47,8 @@ def test_a_modules_shared_fixture_is_built_once_on_two_workers(tmp_path):
     log = tmp_path / "setups.txt"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
                              "no:cacheprovider", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, PROBE_LOG=str(log)))
+                            timeout=300, env=dict(os.environ, PROBE_LOG=str(log),
+                                                  PYTHONPATH=str(ROOT / "benchmarks")))  # conftest's shared_data
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "12 passed" in result.stdout, result.stdout[-3000:]
     assert len(log.read_text().splitlines()) == 1, log.read_text()

@@ -13,7 +13,7 @@ the output. The flags of instances (`STATIC_ONLY`: --max_seq_length, --max_predi
 
 --runner (and Apache Beam's pipeline options after it, each as --name=value) runs the same preparation on
 Apache Beam (`bert_jax.data.pretraining.beam_pipeline`: the same bytes; --num_workers, when given, is then Beam's own
-option of that name, e.g. Dataflow's initial number of workers: `runner_args`):
+option of that name, e.g. Dataflow's initial number of workers: `beam_pipeline.runner_args`):
   --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing   (this machine)
   --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp            (Google Cloud)
 --dedupe=lines|documents drops lines or documents seen before in the corpus (`bert_jax.data.dedupe`).
@@ -92,13 +92,6 @@ def check_tokenize_only_flags(flag_values=None) -> None:
                                    f"{STATIC_ONLY[name]}" for name in given))
 
 
-def runner_args(flag_values, beam_args: list[str]) -> list[str]:
-    """Apache Beam's pipeline arguments of a --runner run: --runner, --num_workers where given on the command line
-    (Beam's own option of that name; absl's `present`), then the remaining arguments `beam_args` (--name=value)."""
-    workers = [f"--num_workers={flag_values.num_workers}"] if flag_values["num_workers"].present else []
-    return [f"--runner={flag_values.runner}", *workers, *beam_args]
-
-
 def main(argv):
     positional = [a for a in argv[1:] if not a.startswith("-")]
     if positional:
@@ -133,7 +126,8 @@ def main(argv):
                 parts = beam_pipeline.file_parts(corpus.expand_input_files(FLAGS.input_file), FLAGS.input_format)
             metadata = beam_pipeline.run(
                 parts, tokenizer, FLAGS.output_dir,
-                beam_args=runner_args(FLAGS, beam_args), tokenize_only=FLAGS.tokenize_only,
+                beam_args=beam_pipeline.runner_args(
+                    FLAGS.runner, FLAGS.num_workers if FLAGS["num_workers"].present else None, beam_args), tokenize_only=FLAGS.tokenize_only,
                 num_shards=FLAGS.num_shards, options=options, dupe_factor=FLAGS.dupe_factor,
                 random_seed=FLAGS.random_seed, dedupe_mode=FLAGS.dedupe, extra_metadata=extra)
         else:

@@ -27,7 +27,9 @@ setting (Table 7, "Concat Last Four Hidden", the default --layers).
 The output file is written under a temporary name beside it and renamed when complete (a local path).
 
 Encoder (`--init_checkpoint`): whatever fine-tuning accepts (`bert_jax.checkpoints.sources.resolve`): a Hugging
-Face directory, a bert_jax pre-training workdir or one of its `checkpoints/<step>`; `--vocab_file` as
+Face directory, a google-research/bert checkpoint, a bert_jax pre-training workdir or one of its
+`checkpoints/<step>`, or a released checkpoint's name (`bert-base-uncased`, `uncased_L-12_H-768_A-12`:
+`bert_jax.checkpoints.released`); `--vocab_file` as
 fine-tuning's (default: the source's vocab.txt and casing). The encoder runs in float32, in one
 process, data parallel over --num_devices devices (default all; `steps.make_mesh`); each batch is padded
 to a length bucket (16, 32, 64, ... capped at max_seq_length), which leaves real tokens' values unchanged.

@@ -90,6 +90,14 @@ def tfds_parts(name: str, split: str, text_key: str, data_dir: str | None,
 RESULT_NAME = "result.json"  # the pipeline's metadata, for the launcher (in the control directory)
 
 
+def runner_args(runner: str, num_workers: int | None, beam_args: Sequence[str]) -> list[str]:
+    """Apache Beam's pipeline arguments of a `create_pretraining_data --runner` run: --runner, --num_workers where the
+    command line gave it (Beam's own option of that name: Dataflow's initial number of workers; None: the runner's
+    default), then the remaining arguments `beam_args` (--name=value, Beam's pipeline options)."""
+    workers = [f"--num_workers={num_workers}"] if num_workers is not None else []
+    return [f"--runner={runner}", *workers, *beam_args]
+
+
 def _import_beam():
     """apache_beam, imported without the warnings its optional cloud clients log on import."""
     root = logging.getLogger()

@@ -216,8 +216,8 @@ def _store(workdir: str):
 class Lease:
     """A held lease (made by `acquire`): `check()` raises once it was taken over; `release()` gives it back."""
 
-    def __init__(self, store, record: dict, heartbeat_s: float, workdir: str):
-        self.store, self.record, self.workdir = store, record, workdir
+    def __init__(self, store, record: dict, heartbeat_s: float, workdir: str, created: bool = False):
+        self.store, self.record, self.workdir, self.created = store, record, workdir, created
         self.lost: dict | None = None  # the record that replaced ours
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True, name="bert_jax-lease")
@@ -247,11 +247,15 @@ class Lease:
                                f"without writing more")
 
     def release(self) -> None:
-        """Stops the heartbeat and deletes the lease if it is still this run's."""
+        """Stops the heartbeat and deletes the lease if it is still this run's; a local workdir that `acquire`
+        created and the run left empty (it stopped before writing, e.g. on a config error) is removed too."""
         self._stop.set()
         self._thread.join(timeout=10)
         with contextlib.suppress(Exception):
             self.store.release(self.record["run"])
+        if self.created:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.workdir)  # only when empty
 
 
 def acquire(workdir: str, job: str, timeout_s: float, heartbeat_s: float) -> Lease:
@@ -265,6 +269,7 @@ def acquire(workdir: str, job: str, timeout_s: float, heartbeat_s: float) -> Lea
     if not 0 < heartbeat_s < timeout_s:
         raise ValueError(f"config.lease_heartbeat_s={heartbeat_s} must be positive and below config.lease_timeout_s="
                          f"{timeout_s}")
+    created = not storage.is_remote(workdir) and not os.path.isdir(workdir)
     storage.makedirs(workdir)
     store = _store(workdir)
     now = time.time()
@@ -288,7 +293,7 @@ def acquire(workdir: str, job: str, timeout_s: float, heartbeat_s: float) -> Lea
         if written:
             if note:
                 print(note, file=sys.stderr, flush=True)
-            return Lease(store, record, heartbeat_s, workdir)
+            return Lease(store, record, heartbeat_s, workdir, created)
     raise WorkdirInUse(f"--workdir {workdir}: its lease kept changing while this run tried to take it; another run "
                        f"is starting there")
 
