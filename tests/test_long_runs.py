@@ -193,14 +193,18 @@ def test_one_run_per_workdir(small_instances, tmp_path):
         time.sleep(0.1)
     holder = _lease(tmp_path)
     assert holder["pid"] == first.pid and holder["job"] == "train"
-    before = {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file() and p.name != "lease.json"}
+    run_files = ("bert_config.json", "vocab.txt", "tokenizer_config.json")  # what a run writes first, once
+    before = sorted(p.name for p in tmp_path.iterdir()), {name: (tmp_path / name).stat() for name in run_files}
     second = subprocess.run(_cmd(small_instances, tmp_path, total_steps=10_000), cwd=ROOT, env=_env(),
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 1 and "Traceback" not in second.stderr
     (line,) = second.stderr.strip().splitlines()
     assert line.startswith(f"train: --workdir {tmp_path} is in use by train on host {holder['host']} (process "
                            f"{first.pid}), started ") and "(config.lease_timeout_s)" in line, line
-    assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file() and p.name != "lease.json"} == before
+    after = sorted(p.name for p in tmp_path.iterdir()), {name: (tmp_path / name).stat() for name in run_files}
+    assert after[0] == before[0]  # no new file or folder
+    for name in run_files:  # not rewritten (a rewrite replaces the file: another inode, another mtime)
+        assert (after[1][name].st_ino, after[1][name].st_mtime_ns) == (before[1][name].st_ino, before[1][name].st_mtime_ns)
     assert first.poll() is None and _lease(tmp_path)["run"] == holder["run"]
     first.kill()
     first.communicate()
