@@ -50,17 +50,22 @@ def _single(instances, workdir, extra=(), log=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _two_processes(instances, workdir, extra=(), log=None):
-    """Two processes with DEVICES // 2 devices each; returns process 0's metrics line (parsed)."""
+def _start_two(instances, workdir, extra=()) -> list[subprocess.Popen]:
+    """Starts two processes with DEVICES // 2 devices each (gloo collectives, a free coordinator port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, XLA_FLAGS=xla_flags(DEVICES // 2), JAX_PLATFORMS="cpu",
                JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
-    procs = [subprocess.Popen([sys.executable, *_args(instances, workdir, extra),
-                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    return [subprocess.Popen([sys.executable, *_args(instances, workdir, extra),
+                              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+
+def _two_processes(instances, workdir, extra=(), log=None):
+    """Two processes with DEVICES // 2 devices each; returns process 0's metrics line (parsed)."""
+    procs = _start_two(instances, workdir, extra)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -181,16 +186,7 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_pair_resumes(small_i
     bit for bit."""
     whole, extra = packed_two
     timeout = 8
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XLA_FLAGS=xla_flags(DEVICES // 2), JAX_PLATFORMS="cpu",
-               JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
-    procs = [subprocess.Popen([sys.executable, *_args(small_instances, tmp_path, extra),
-                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
-                               f"--process_timeout={timeout}"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = _start_two(small_instances, tmp_path, (*extra, f"--process_timeout={timeout}"))
     deadline = time.time() + 300
     while not ((tmp_path / "checkpoints").is_dir() and _steps_of(tmp_path)) and time.time() < deadline:
         assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]

@@ -154,7 +154,7 @@ def fit(state: TrainState, step_fn: Callable, arrays: Mapping[str, np.ndarray], 
     examples_per_second; examples_per_second leaves out a first step that compiled).
 
     Raises:
-      FloatingPointError: a non-finite loss or gradient norm, naming the step (`loop.check_finite`).
+      FloatingPointError: a non-finite loss or gradient norm, naming the step (`loop.non_finite`, `loop.bad_step`).
       ValueError: fewer than batch_size training rows (no batch would ever form), or batch_size not
         divisible by the process count (`local_batches`).
     """

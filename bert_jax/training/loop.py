@@ -64,12 +64,12 @@ class Preemption:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
 
 
-def check_finite(step: int, metrics: Mapping[str, Any], checkpointed: bool = False) -> None:
-    """FloatingPointError naming `step` when metrics["loss"] or metrics["grad_norm"] (scalars, on device or
-    host) is not finite; `checkpointed`: the message says the last checkpoint is kept."""
-    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise bad_step(step, f"non-finite loss {loss} (gradient norm {grad_norm})", checkpointed)
+def non_finite(loss: float, grad_norm: float) -> str | None:
+    """'non-finite loss <loss> (gradient norm <grad_norm>)' when either is not finite, else None: the verdict on a
+    step's loss and gradient norm without running statistics."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return None
+    return f"non-finite loss {loss} (gradient norm {grad_norm})"
 
 
 def bad_step(step: int, verdict: str, checkpointed: bool) -> FloatingPointError:
@@ -174,19 +174,18 @@ class Runner:
         self.check()
         return self.state
 
-    def check(self) -> bool:
-        """Checks the last step's metrics if not yet done: a bad step (module docstring) raises FloatingPointError
-        (`bad_step`) or is rolled back. Returns True when it was rolled back (`step` and `state` are the ones to go
-        on from)."""
+    def check(self, values: Mapping[str, float] | None = None) -> bool:
+        """Checks the last step's metrics if not yet done (`values`: those metrics already on the host, else read
+        here): a bad step (module docstring) raises FloatingPointError (`bad_step`) or is rolled back. Returns True
+        when it was rolled back (`step` and `state` are the ones to go on from)."""
         if self._pending is None:
             return False
         (step, metrics), self._pending = self._pending, None
-        loss, grad_norm = (float(v) for v in jax.device_get((metrics["loss"], metrics["grad_norm"])))
-        if self.guard is not None:
-            verdict = self.guard.verdict(step, loss, grad_norm)
-        else:
-            verdict = None if math.isfinite(loss) and math.isfinite(grad_norm) else \
-                f"non-finite loss {loss} (gradient norm {grad_norm})"
+        if values is None:
+            fetched = jax.device_get((metrics["loss"], metrics["grad_norm"]))
+            values = {"loss": float(fetched[0]), "grad_norm": float(fetched[1])}
+        loss, grad_norm = values["loss"], values["grad_norm"]
+        verdict = self.guard.verdict(step, loss, grad_norm) if self.guard is not None else non_finite(loss, grad_norm)
         if verdict is None:
             return False
         if self.rollback is None:
@@ -213,11 +212,12 @@ class Runner:
         preempted = self.preempted is not None and self.preempted(self.step)
         due = self.due(self.log_every) or (self.evaluate is not None and self.due(self.eval_every)) or \
             (self.save is not None and self.due(self.checkpoint_every))
-        metrics = self._pending[1] if self._pending is not None else None
-        if (due or preempted) and self.check():
+        values = None  # a logged step's metrics, read from the device once for the check and the log
+        if self.due(self.log_every) and self._pending is not None:
+            values = {k: float(v) for k, v in jax.device_get(self._pending[1]).items()}
+        if (due or preempted) and self.check(values):
             return False  # rolled back: this step's actions are not done
-        if self.due(self.log_every) and metrics is not None:
-            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if values is not None:
             self.progress.set_postfix(**with_mfu(self.log(self.step, values, self.timer.lap()), values))
         if self.evaluate is not None and self.due(self.eval_every):
             with self.timer.paused(wait_for=self.state):

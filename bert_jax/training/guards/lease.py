@@ -98,26 +98,24 @@ class _LocalStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def replace(self, fd, record: dict | None) -> None:
+    def replace(self, fd, record: dict) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)
-        if record is not None:
-            os.write(fd, json.dumps(record).encode())
-            os.fsync(fd)
+        os.write(fd, json.dumps(record).encode())
+        os.fsync(fd)
 
     def release(self, run: str) -> None:
         with self.locked() as (record, fd):
             if record is not None and record.get("run") == run:
-                self.replace(fd, None)
-                os.unlink(self.path)
+                os.unlink(self.path)  # a taker waiting on this file's lock finds it unlinked and opens the path anew
 
     def read(self) -> dict | None:
         with self.locked() as (record, _):
             return record
 
-    def swap(self, expect_run: str | None, record: dict, take: bool) -> tuple[bool, dict | None]:
-        """Writes `record` if the lease still is what the caller saw: held by `expect_run` (None: absent or
-        stale when `take`). Returns (written, the lease found)."""
+    def swap(self, expect_run: str | None, record: dict) -> tuple[bool, dict | None]:
+        """Writes `record` if the lease still is what the caller saw: held by `expect_run` (None: no lease).
+        Returns (written, the lease found)."""
         with self.locked() as (found, fd):
             if (found.get("run") if found else None) != expect_run:
                 return False, found
@@ -135,7 +133,6 @@ class _GcsStore:
         self.blob_name = name
         self.bucket = gcs.Client.create_anonymous_client() if os.environ.get("STORAGE_EMULATOR_HOST") else gcs.Client()
         self.bucket = self.bucket.bucket(bucket)
-        self.generation = 0  # of the lease as last read
 
     def _get(self) -> tuple[dict | None, int]:
         blob = self.bucket.get_blob(self.blob_name)
@@ -153,7 +150,7 @@ class _GcsStore:
     def read(self) -> dict | None:
         return self._get()[0]
 
-    def swap(self, expect_run: str | None, record: dict, take: bool) -> tuple[bool, dict | None]:
+    def swap(self, expect_run: str | None, record: dict) -> tuple[bool, dict | None]:
         from google.api_core import exceptions
 
         found, generation = self._get()
@@ -189,7 +186,7 @@ class _AdvisoryStore:
         except ValueError:
             return {"job": "?", "heartbeat": 0}
 
-    def swap(self, expect_run: str | None, record: dict, take: bool) -> tuple[bool, dict | None]:
+    def swap(self, expect_run: str | None, record: dict) -> tuple[bool, dict | None]:
         found = self.read()
         if (found.get("run") if found else None) != expect_run:
             return False, found
@@ -227,10 +224,8 @@ class Lease:
         while not self._stop.wait(every):
             record = dict(self.record, heartbeat=time.time())
             try:
-                written, found = self.store.swap(self.record["run"], record, take=False)
-            except OSError:  # a heartbeat that could not be written this time: the next one tries again
-                continue
-            except Exception:  # noqa: BLE001 (a storage client's own error type): as above
+                written, found = self.store.swap(self.record["run"], record)
+            except Exception:  # noqa: BLE001 (OSError, or a storage client's own type): the next beat tries again
                 continue
             if written:
                 self.record = record
@@ -289,7 +284,7 @@ def acquire(workdir: str, job: str, timeout_s: float, heartbeat_s: float) -> Lea
             expect = found.get("run")
             reason = "its process is gone" if gone else f"no heartbeat for {age:.0f} s > {timeout_s:.0f} s"
             note = f"{job}: took over the lease of --workdir {workdir} from {describe(found, now)} ({reason})"
-        written, _ = store.swap(expect, record, take=found is not None)
+        written, _ = store.swap(expect, record)
         if written:
             if note:
                 print(note, file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ import jax
 import tqdm
 
 from bert_jax.checkpoints import checkpointing
-from bert_jax.training import summaries
+from bert_jax.training import loop, summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +91,8 @@ class Guard:
 
     def verdict(self, step: int, loss: float, grad_norm: float) -> str | None:
         self.last = (loss, grad_norm)
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            return f"non-finite loss {loss} (gradient norm {grad_norm})"
+        if (bad := loop.non_finite(loss, grad_norm)) is not None:
+            return bad
         s = self.settings
         std = math.sqrt(self.var)
         if s.spike_sigmas > 0 and self.count >= s.warmup_steps and loss > self.mean + s.spike_sigmas * std:
