@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bert_jax.configs import pretrain
-from bert_jax.model.kernels import flash_gpu
+from bert_jax.model.kernels import flash_gpu, layer_norm_gpu
 from bert_jax.training import aot, pretraining, sharding
 from bert_jax.training.compiled import memory, program_stats, targets
 from conftest import ROOT, SMALL_VOCAB_SIZE
@@ -85,7 +85,8 @@ def _mini(batch_size: int):
 @pytest.mark.slow
 def test_mini_train_step_on_h100_holds_flash_attention_and_no_float32_dot():
     """`model.dtype=auto` compiles bfloat16 for a GPU; every layer's attention is flash_gpu (one forward, two
-    backward Triton calls) and every matrix product of the encoder takes bfloat16 operands."""
+    backward Triton calls), its two residual LayerNorms layer_norm_gpu's kernels, and every matrix product of the
+    encoder takes bfloat16 operands."""
     config = _mini(8)
     config.model.num_hidden_layers = 2
     devices = targets.target("h100").devices()
@@ -93,8 +94,12 @@ def test_mini_train_step_on_h100_holds_flash_attention_and_no_float32_dot():
     compiled, _ = aot.compile_phase(config, devices, phase)
     stats = program_stats.analyze(compiled.as_text())
     layers = config.model.num_hidden_layers
-    assert stats.count("pallas") == 3 * layers
-    assert [k.op_name for k in stats.kernels if k.kind == "pallas" and "flash" not in k.op_name] == []
+    pallas = [k.op_name for k in stats.kernels if k.kind == "pallas"]
+    assert sum("/flash_attention_" in name for name in pallas) == 3 * layers
+    # Each layer's two LayerNorm(residual + dropout(x)): one fused kernel forward, one backward.
+    assert sum("/dropout_add_layer_norm/" in name for name in pallas) == 2 * layers
+    assert sum("/dropout_add_layer_norm_backward/" in name for name in pallas) == 2 * layers
+    assert len(pallas) == 7 * layers, pallas
     encoder_dots = [k for k in stats.kernels if k.dot_dtypes and "/encoder/" in k.op_name]
     assert len(encoder_dots) >= 6 * layers  # four projections and two feed-forward matmuls a layer, forward alone
     assert [(k.op_name, k.dot_dtypes) for k in encoder_dots if set(k.dot_dtypes) != {"bf16"}] == []
@@ -122,6 +127,25 @@ def test_flash_gpu_kernels_compile_for_sm90_at_every_block(length):
 
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q, seg, seed).compile().as_text()
         assert program_stats.analyze(text).count("pallas") == 3, block
+
+
+@pytest.mark.parametrize("hidden", [768, 1024])
+def test_layer_norm_gpu_kernels_compile_for_sm90(hidden):
+    """layer_norm_gpu's forward and backward kernels, with dropout, lower through Triton and compile for sm_90 at
+    BERT-Base's hidden size (768 in 1,024 masked lanes) and BERT-Large's, at the length 512."""
+    device = targets.target("h100").devices()[0]
+    sharded = jax.sharding.SingleDeviceSharding(device)
+    x = jax.ShapeDtypeStruct((4, 512, hidden), jnp.bfloat16, sharding=sharded)
+    vector = jax.ShapeDtypeStruct((hidden,), jnp.float32, sharding=sharded)
+    seed = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharded)
+
+    def loss(x, residual, scale, bias, seed):
+        out = layer_norm_gpu.dropout_add_layer_norm(x, residual, scale, bias, epsilon=1e-12, dropout_rate=0.1,
+                                                    seed=seed)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).lower(x, x, vector, vector, seed).compile().as_text()
+    assert program_stats.analyze(text).count("pallas") == 2
 
 
 @pytest.mark.integration

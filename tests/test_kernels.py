@@ -31,7 +31,8 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     # The gpu set: the reference forms, the hashed dropout and the fused attention where it applies, nothing else.
     assert gpu.KERNELS.dropout is hashed.HashedDropout
     assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
-                               attention_dropout=False, dropout=nn.Dropout) == reference.KERNELS
+                               attention_dropout=False, dropout=nn.Dropout,
+                               dropout_add_layer_norm=None) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
     assert dataclasses.replace(tpu, name="reference", gelu=reference.gelu) == reference.KERNELS
@@ -360,15 +361,17 @@ def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch)
 @pytest.mark.slow
 def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
     """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes cuDNN's
-    kernel, and a bfloat16 training pass with attention dropout 0.1 takes flash_gpu (interpreted), both with the
+    kernel, and a bfloat16 training pass with attention dropout 0.1 takes flash_gpu (interpreted), both with
+    layer_norm_gpu's fused LayerNorm(residual + dropout(x)) twice a layer and with the
     logits of the reference set (with the hashed dropout: the same masks) within bfloat16's tolerance, the latter
     also jitted on a data=2 x tensor=2 mesh (flash_gpu per device under shard_map); float32 takes the reference
     path: the reference set's outputs exactly."""
     monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
     monkeypatch.setattr(gpu, "INTERPRET", True)
-    calls = []
+    calls, norms = [], []
     monkeypatch.setattr(gpu, "KERNELS", dataclasses.replace(
-        gpu.KERNELS, attention=lambda *a, **kw: calls.append(1) or gpu.attention(*a, **kw)))
+        gpu.KERNELS, attention=lambda *a, **kw: calls.append(1) or gpu.attention(*a, **kw),
+        dropout_add_layer_norm=lambda *a, **kw: norms.append(1) or gpu.dropout_add_layer_norm(*a, **kw)))
     length = 32
     segments = _segments(length)
     starts = [[0, 12, 20], [0, 0, 0]]
@@ -388,13 +391,14 @@ def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
         model = modeling.BertForPreTraining(config)
         params = model.init(jax.random.PRNGKey(0), inputs["input_ids"][:1],
                             masked_lm_positions=inputs["masked_lm_positions"][:1])["params"]
-        calls.clear()
+        calls.clear(), norms.clear()
 
         def apply(params, inputs, packed):
             return model.apply({"params": params}, **inputs, **packed, deterministic=deterministic,
                                rngs={"dropout": jax.random.PRNGKey(key)})
 
         out = (jax.jit(apply) if jit else apply)(params, inputs, packed)
+        assert len(norms) == (4 if dtype == "bfloat16" and name == "gpu" else 0)  # fused: two a layer, bfloat16
         return (np.asarray(out.mlm_logits, np.float32), np.asarray(out.nsp_logits, np.float32)), len(calls)
 
     for dropout, deterministic in ((0.0, True), (0.1, False)):

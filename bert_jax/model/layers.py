@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import kernels
+from bert_jax.model.kernels.dropout import seeds as dropout_seeds
 from bert_jax.model.bert_config import ACTIVATIONS, BertConfig
 
 Array = jax.Array
@@ -73,6 +74,37 @@ def dropout(config: BertConfig, rate: float, x: Array, deterministic: bool) -> A
     """The kernel set's dropout of `rate` on x (any shape and dtype, kept); identity when deterministic.
     Inside a module only (it creates a flax submodule); needs the "dropout" PRNG stream otherwise."""
     return kernel_set(config).dropout(rate)(x, deterministic=deterministic)
+
+
+class LayerNormParams(nn.Module):
+    """The parameters of `layer_norm(config, name)` alone, for a kernel that computes the LayerNorm itself: `scale`
+    and `bias` [D] in config.param_dtype on logical axis `embed`, initialised as flax's (ones, zeros)."""
+
+    config: BertConfig
+    features: int
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        scale = param(self, "scale", nn.initializers.ones, (self.features,), ("embed",))
+        return scale, param(self, "bias", nn.initializers.zeros, (self.features,), ("embed",))
+
+
+def dropout_add_layer_norm(config: BertConfig, name: str, x: Array, residual: Array, deterministic: bool) -> Array:
+    """LayerNorm `name`(residual + dropout(x)) at hidden_dropout_prob: a post-LN layer's sub-layer output x [B, L, D]
+    added to its input residual [B, L, D] -> [B, L, D] in config.dtype. The kernel set's fused form where it has one
+    and the compute dtype is bfloat16 or float16 (`Kernels.dropout_add_layer_norm`: the same parameters, the same
+    dropout mask from the same "dropout" key), else `dropout` and `layer_norm`. Inside a module only (it creates
+    submodules)."""
+    ops = kernel_set(config)
+    if ops.dropout_add_layer_norm is None or jnp.dtype(config.dtype) not in (jnp.bfloat16, jnp.float16):
+        return layer_norm(config, name)(residual + dropout(config, config.hidden_dropout_prob, x, deterministic))
+    rate = 0.0 if deterministic else config.hidden_dropout_prob
+    # The key the unfused path's dropout module (same name, same order) would draw.
+    seed = dropout_seeds(ops.dropout(rate).make_rng("dropout")) if rate > 0 else None
+    scale, bias = LayerNormParams(config, x.shape[-1], name=name)()
+    dtype = jnp.dtype(config.dtype)
+    return ops.dropout_add_layer_norm(x.astype(dtype), residual.astype(dtype), scale, bias,
+                                      epsilon=config.layer_norm_eps, dropout_rate=rate, seed=seed)
 
 
 def gather_positions(sequence: Array, positions: Array) -> Array:

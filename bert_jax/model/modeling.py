@@ -47,8 +47,8 @@ import jax.numpy as jnp
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig, REMAT_POLICIES  # noqa: F401
 from bert_jax.model.kernels.dropout import seeds as dropout_seeds
-from bert_jax.model.layers import (AttentionMask, activation, dense, dropout, gather_positions, initializer, kernel_set,
-                                   layer_norm, param)
+from bert_jax.model.layers import (AttentionMask, activation, dense, dropout, dropout_add_layer_norm, gather_positions,
+                                   initializer, kernel_set, layer_norm, param)
 
 Array = jax.Array
 
@@ -289,12 +289,12 @@ class BertLayer(nn.Module):
         attn = BertSelfAttention(c, name="attention")(x, mask, deterministic, positions)
         if positions is not None:
             x = gather_positions(x, positions)
-        x = layer_norm(c, "attention_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, attn, deterministic))
+        x = dropout_add_layer_norm(c, "attention_LayerNorm", attn, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", kernel_set(c).dot_general)(x)
         y = nn.with_logical_constraint(activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
         y = dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
-        x = layer_norm(c, "output_LayerNorm")(x + dropout(c, c.hidden_dropout_prob, y, deterministic))
+        x = dropout_add_layer_norm(c, "output_LayerNorm", y, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         return x, (x if self.return_state else None)
 

@@ -32,6 +32,11 @@ class Kernels:
         active) -> whether `attention` takes the layer; where not, the model's own attention (the reference path).
       attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
         `bert_jax.model.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
+      dropout_add_layer_norm: None (the model's dropout, add and flax LayerNorm), or (x [B, L, D] a sub-layer's
+        output, residual [B, L, D], scale [D], bias [D], *, epsilon, dropout_rate, seed uint32 [2] or None) ->
+        LayerNorm(residual + dropout(x)) [B, L, D] in x's dtype, float32 statistics, the dropout mask that
+        `dropout` draws from the same seeds (`bert_jax.model.kernels.dropout.keep_mask` for [B, L, D]); taken
+        where the compute dtype is bfloat16 or float16, as the fused attention.
     """
 
     name: str
@@ -42,6 +47,7 @@ class Kernels:
     attention: Callable | None = None
     attention_applies: Callable[[Any, int, int, bool], bool] | None = None
     attention_dropout: bool = False
+    dropout_add_layer_norm: Callable | None = None
 
 
 # The mesh axes a kernel that runs per device (Pallas) splits the batch and the heads over (`bert_jax.training.sharding`'s

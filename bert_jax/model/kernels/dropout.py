@@ -90,6 +90,49 @@ def seeded_keep_mask(seed: Array, shape: tuple[int, ...], rate: float) -> tuple[
     return (hash_bits(seed, outer, inner) >= drop).reshape(shape), 1.0 - drop / RESOLUTION
 
 
+# The hash in int32 two's-complement arithmetic (logical shifts, wrapping products), which has the uint32 formula's
+# bits: the form Pallas kernels compute it in (`flash_gpu`, `layer_norm_gpu`; Triton's unsigned support is partial).
+_GOLDEN_INT32 = 0x9E3779B9 - (1 << 32)
+_FMIX_1_INT32 = 0x85EBCA6B - (1 << 32)
+_FMIX_2_INT32 = 0xC2B2AE35 - (1 << 32)
+
+
+def fmix32_int32(h: Array) -> Array:
+    """`_fmix32` on int32 bit patterns: the same bits as the uint32 finaliser of the same bits."""
+    h = h ^ jax.lax.shift_right_logical(h, jnp.int32(16))
+    h = h * jnp.int32(_FMIX_1_INT32)
+    h = h ^ jax.lax.shift_right_logical(h, jnp.int32(13))
+    h = h * jnp.int32(_FMIX_2_INT32)
+    return h ^ jax.lax.shift_right_logical(h, jnp.int32(16))
+
+
+def as_int32(x: Array) -> Array:
+    """Seeds or lead hashes (uint32 or int32) as int32 bit patterns.
+
+    Raises:
+      ValueError: another dtype.
+    """
+    x = jnp.asarray(x)
+    if x.dtype == jnp.int32:
+        return x
+    if x.dtype == jnp.uint32:
+        return jax.lax.bitcast_convert_type(x, jnp.int32)
+    raise ValueError(f"seeds and lead hashes must be uint32 or int32, got {x.dtype}")
+
+
+def lead_hashes(seed: Array, lead: Array) -> Array:
+    """The per-lead half of the hash, int32 fmix32(lead ^ s0), for int32 `lead` indices (any shape) and seed
+    uint32 or int32 [2]."""
+    return fmix32_int32(lead ^ as_int32(seed)[0])
+
+
+def kept_int32(lead_hash: Array, s1: Array, inner: Array, drop: int) -> Array:
+    """Whether the elements at int32 `inner` indices are kept (bool, broadcast shape): `hash_bits` >= drop, from
+    the lead hash (`lead_hashes`) and the seed's second word s1, in int32 arithmetic."""
+    h = fmix32_int32(lead_hash ^ (inner * jnp.int32(_GOLDEN_INT32) + s1))
+    return jax.lax.shift_right_logical(h, jnp.int32(16)) >= jnp.int32(drop)
+
+
 def apply(x: Array, seed: Array, rate: float) -> Array:
     """Inverted dropout of x (any shape, at least 1-D, floating; x's dtype kept) with
     `seeded_keep_mask(seed, x.shape, rate)`: the kept elements scaled by 1 / keep probability, the rest 0."""

@@ -49,32 +49,10 @@ MAX_HEAD_SIZE = 128
 DEFAULT_BLOCK = 64  # block_q = block_k, clipped to the length
 _MIN_GPU_BLOCK = 16  # Triton's dot needs M, N, K >= 16
 
-# The hash's uint32 constants as int32 bit patterns (the kernel computes in int32: see the module docstring).
-_GOLDEN = 0x9E3779B9 - (1 << 32)
-_FMIX_1 = 0x85EBCA6B - (1 << 32)
-_FMIX_2 = 0xC2B2AE35 - (1 << 32)
 _MASKED = float(jnp.finfo(jnp.float32).min)  # the score of a key in another segment
 
 
 seeds = hashed.seeds  # rng -> uint32 [2], the draw `bert_jax.model.kernels.dropout.keep_mask` makes from the same key
-
-
-def _fmix32(h: Array) -> Array:
-    """MurmurHash3's 32-bit finaliser on int32 bit patterns (= dropout._fmix32 on the same bits as uint32)."""
-    h = h ^ lax.shift_right_logical(h, jnp.int32(16))
-    h = h * jnp.int32(_FMIX_1)
-    h = h ^ lax.shift_right_logical(h, jnp.int32(13))
-    h = h * jnp.int32(_FMIX_2)
-    return h ^ lax.shift_right_logical(h, jnp.int32(16))
-
-
-def _as_int32(x: Array) -> Array:
-    x = jnp.asarray(x)
-    if x.dtype == jnp.int32:
-        return x
-    if x.dtype == jnp.uint32:
-        return lax.bitcast_convert_type(x, jnp.int32)
-    raise ValueError(f"seeds and lead hashes must be uint32 or int32, got {x.dtype}")
 
 
 def make_lead_hashes(seed: Array, batch: int, heads: int) -> Array:
@@ -86,8 +64,7 @@ def make_lead_hashes(seed: Array, batch: int, heads: int) -> Array:
     Args:
       seed: uint32 (or int32) [2], `seeds(rng)`.
     """
-    lead = jnp.arange(batch * heads, dtype=jnp.int32).reshape(batch, heads)
-    return _fmix32(lead ^ _as_int32(seed)[0])
+    return hashed.lead_hashes(seed, jnp.arange(batch * heads, dtype=jnp.int32).reshape(batch, heads))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +100,7 @@ def _keep(static: _Static, lead_hash: Array, s1: Array, q_start: Array, k_start:
     """The keep mask of the [bq, bk] tile at rows q_start.., columns k_start.. -> bool [bq, bk]."""
     rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
     cols = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
-    inner = rows * jnp.int32(length) + cols
-    h = _fmix32(lead_hash ^ (inner * jnp.int32(_GOLDEN) + s1))
-    return lax.shift_right_logical(h, jnp.int32(16)) >= jnp.int32(static.threshold)
+    return hashed.kept_int32(lead_hash, s1, rows * jnp.int32(length) + cols, static.threshold)
 
 
 def _forward_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static):
@@ -379,8 +354,8 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
     if threshold and seed is None:
         raise ValueError(f"flash attention with dropout_rate={dropout_rate} needs a seed (seeds(rng))")
     if threshold:
-        seed = _as_int32(seed).reshape(2)
-        lead = make_lead_hashes(seed, batch, heads) if lead_hashes is None else _as_int32(lead_hashes)
+        seed = hashed.as_int32(seed).reshape(2)
+        lead = make_lead_hashes(seed, batch, heads) if lead_hashes is None else hashed.as_int32(lead_hashes)
         if lead.shape != (batch, heads):
             raise ValueError(f"flash attention needs lead_hashes [B, N] = {(batch, heads)}, got {lead.shape}")
     else:

@@ -6,6 +6,9 @@ BERT-Large's packed phase 2 into an 80 GB GPU (benchmarks/README.md).
 
   dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
               a hash of its index, instead of one threefry draw per element.
+  dropout_add_layer_norm
+              a layer's LayerNorm(residual + dropout(x)), twice a layer, as one Pallas kernel forward and one backward
+              (`bert_jax.model.kernels.layer_norm_gpu`), the same mask as the hashed dropout's.
   attention   softmax(q k^T + mask) v without writing the [L, L] scores to HBM, on per-token segment ids
               (a token attends to the tokens of its segment): packed rows pass their `segment_ids`, unpadded
               rows their attention_mask (real tokens one segment, padding another, whose outputs nothing reads).
@@ -35,7 +38,7 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.model.kernels import dropout, flash_gpu, reference
+from bert_jax.model.kernels import dropout, flash_gpu, layer_norm_gpu, reference
 from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
@@ -98,5 +101,15 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
     return jnp.swapaxes(out, 1, 2)
 
 
+def dropout_add_layer_norm(x: jax.Array, residual: jax.Array, scale: jax.Array, bias: jax.Array, *, epsilon: float,
+                           dropout_rate: float = 0.0, seed: jax.Array | None = None) -> jax.Array:
+    """LayerNorm(residual + dropout(x)) in one Pallas kernel (`layer_norm_gpu.dropout_add_layer_norm`), per device
+    under shard_map where a mesh splits the batch; x, residual [B, L, D] -> [B, L, D] in x's dtype. `INTERPRET` is
+    read at trace time."""
+    return layer_norm_gpu.dropout_add_layer_norm(x, residual, scale, bias, epsilon=epsilon, dropout_rate=dropout_rate,
+                                                 seed=seed, interpret=INTERPRET, batch_axes=BATCH_AXES)
+
+
 KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
-                              attention_applies=applies, attention_dropout=True)
+                              attention_applies=applies, attention_dropout=True,
+                              dropout_add_layer_norm=dropout_add_layer_norm)
