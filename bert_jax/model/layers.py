@@ -89,21 +89,44 @@ class LayerNormParams(nn.Module):
         return scale, param(self, "bias", nn.initializers.zeros, (self.features,), ("embed",))
 
 
-def dropout_add_layer_norm(config: BertConfig, name: str, x: Array, residual: Array, deterministic: bool) -> Array:
-    """LayerNorm `name`(residual + dropout(x)) at hidden_dropout_prob: a post-LN layer's sub-layer output x [B, L, D]
-    added to its input residual [B, L, D] -> [B, L, D] in config.dtype. The kernel set's fused form where it has one
-    and the compute dtype is bfloat16 or float16 (`Kernels.dropout_add_layer_norm`: the same parameters, the same
-    dropout mask from the same "dropout" key), else `dropout` and `layer_norm`. Inside a module only (it creates
+class SplitDense(nn.Module):
+    """`dense`'s parameters (kernel [D_in, features] on logical `axes`, bias [features] on the second, initialised and
+    stored alike) returning x @ kernel in config.dtype and the bias apart, for the sub-layer output whose bias
+    `dropout_add_layer_norm` adds (in the fused kernel, where the kernel set has one)."""
+
+    config: BertConfig
+    features: int
+    axes: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, x: Array) -> tuple[Array, Array]:
+        """x [..., D_in] -> (x @ kernel [..., features] in config.dtype, bias [features] in config.param_dtype)."""
+        c = self.config
+        kernel = param(self, "kernel", initializer(c), (x.shape[-1], self.features), self.axes)
+        bias = param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:])
+        dtype = jnp.dtype(c.dtype)
+        product = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (((x.ndim - 1,), (0,)), ((), ())))
+        return product, bias
+
+
+def dropout_add_layer_norm(config: BertConfig, name: str, x: Array, x_bias: Array, residual: Array,
+                           deterministic: bool) -> Array:
+    """LayerNorm `name`(residual + dropout(x + x_bias)) at hidden_dropout_prob: a post-LN layer's sub-layer output x
+    [B, L, D] (its last dense layer's product, `SplitDense`) plus that layer's bias x_bias [D], added to the sub-layer's
+    input residual [B, L, D] -> [B, L, D] in config.dtype. The kernel set's fused form where it has one and the
+    compute dtype is bfloat16 or float16 (`Kernels.dropout_add_layer_norm`: the same parameters, the same dropout mask
+    from the same "dropout" key), else the bias added, `dropout` and `layer_norm`. Inside a module only (it creates
     submodules)."""
     ops = kernel_set(config)
-    if ops.dropout_add_layer_norm is None or jnp.dtype(config.dtype) not in (jnp.bfloat16, jnp.float16):
+    dtype = jnp.dtype(config.dtype)
+    if ops.dropout_add_layer_norm is None or dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        x = x + x_bias.astype(dtype)
         return layer_norm(config, name)(residual + dropout(config, config.hidden_dropout_prob, x, deterministic))
     rate = 0.0 if deterministic else config.hidden_dropout_prob
     # The key the unfused path's dropout module (same name, same order) would draw.
     seed = dropout_seeds(ops.dropout(rate).make_rng("dropout")) if rate > 0 else None
     scale, bias = LayerNormParams(config, x.shape[-1], name=name)()
-    dtype = jnp.dtype(config.dtype)
-    return ops.dropout_add_layer_norm(x.astype(dtype), residual.astype(dtype), scale, bias,
+    return ops.dropout_add_layer_norm(x.astype(dtype), residual.astype(dtype), scale, bias, x_bias=x_bias,
                                       epsilon=config.layer_norm_eps, dropout_rate=rate, seed=seed)
 
 

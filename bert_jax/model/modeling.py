@@ -47,8 +47,8 @@ import jax.numpy as jnp
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig, REMAT_POLICIES  # noqa: F401
 from bert_jax.model.kernels.dropout import seeds as dropout_seeds
-from bert_jax.model.layers import (AttentionMask, activation, dense, dropout, dropout_add_layer_norm, gather_positions,
-                                   initializer, kernel_set, layer_norm, param)
+from bert_jax.model.layers import (AttentionMask, SplitDense, activation, dense, dropout, dropout_add_layer_norm,
+                                   gather_positions, initializer, kernel_set, layer_norm, param)
 
 Array = jax.Array
 
@@ -286,15 +286,15 @@ class BertLayer(nn.Module):
         the feed-forward block at Q rows (the last layer when a head reads only some outputs).
         """
         c = self.config
-        attn = BertSelfAttention(c, name="attention")(x, mask, deterministic, positions)
+        attn, attn_bias = BertSelfAttention(c, name="attention")(x, mask, deterministic, positions)
         if positions is not None:
             x = gather_positions(x, positions)
-        x = dropout_add_layer_norm(c, "attention_LayerNorm", attn, x, deterministic)
+        x = dropout_add_layer_norm(c, "attention_LayerNorm", attn, attn_bias, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", kernel_set(c).dot_general)(x)
         y = nn.with_logical_constraint(activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
-        y = dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)
-        x = dropout_add_layer_norm(c, "output_LayerNorm", y, x, deterministic)
+        y, y_bias = SplitDense(c, c.hidden_size, ("mlp", "embed"), name="output")(y)
+        x = dropout_add_layer_norm(c, "output_LayerNorm", y, y_bias, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
         return x, (x if self.return_state else None)
 
@@ -310,9 +310,10 @@ class BertSelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask: AttentionMask, deterministic: bool,
-                 positions: Array | None = None) -> Array:
-        """x: [B, L, D] (any float dtype, cast to config.dtype) -> [B, L, D] in config.dtype ([B, Q, D], the
-        full output's rows, with positions int32 [B, Q]).
+                 positions: Array | None = None) -> tuple[Array, Array]:
+        """x: [B, L, D] (any float dtype, cast to config.dtype) -> (the output projection's product [B, L, D] in
+        config.dtype ([B, Q, D], the full output's rows, with positions int32 [B, Q]), its bias `output_bias` [D]):
+        the layer adds the bias with its dropout and LayerNorm (`dropout_add_layer_norm`).
 
         Raises (inputs are checked by `BertModel`):
           TypeError: x's last axis is not hidden_size (reshape).
@@ -339,7 +340,7 @@ class BertSelfAttention(nn.Module):
         out_kernel = param(self, "output_kernel", initializer(c), (n, h, d), ("heads", "kv", "embed"))
         out_bias = param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
         out = jnp.dot(context.reshape(batch * rows, n * h), out_kernel.reshape(n * h, d).astype(dtype))
-        return (out + out_bias.astype(dtype)).reshape(batch, rows, d)
+        return out.reshape(batch, rows, d), out_bias
 
 
 class AttentionOp(nn.Module):

@@ -33,8 +33,9 @@ class Kernels:
       attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
         `bert_jax.model.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
       dropout_add_layer_norm: None (the model's dropout, add and flax LayerNorm), or (x [B, L, D] a sub-layer's
-        output, residual [B, L, D], scale [D], bias [D], *, epsilon, dropout_rate, seed uint32 [2] or None) ->
-        LayerNorm(residual + dropout(x)) [B, L, D] in x's dtype, float32 statistics, the dropout mask that
+        output without its bias, residual [B, L, D], scale [D], bias [D], *, epsilon, x_bias [D], dropout_rate, seed
+        uint32 [2] or None) -> LayerNorm(residual + dropout(x + x_bias)) [B, L, D] in x's dtype, float32 statistics,
+        the dropout mask that
         `dropout` draws from the same seeds (`bert_jax.model.kernels.dropout.keep_mask` for [B, L, D]); taken
         where the compute dtype is bfloat16 or float16, as the fused attention.
     """

@@ -1,14 +1,14 @@
 """The "gpu" kernel set: the reference forms with the hashed dropout, and fused attention where it applies.
 
-The GELU stays the reference's: the recomputing form (xla_cpu's, the tpu set's) keeps a bfloat16 input instead of
-autodiff's float32 intermediates, fewer HBM bytes per step, but XLA's rematerialisation then no longer fits
-BERT-Large's packed phase 2 into an 80 GB GPU (benchmarks/README.md).
+The GELU stays the reference's: a recomputing form (xla_cpu's, the tpu set's, or one that also adds the dense layer's
+bias) keeps a bfloat16 input instead of autodiff's float32 intermediates, fewer HBM bytes per step, but XLA's
+rematerialisation then no longer fits BERT-Large's packed phase 2 into an 80 GB GPU (benchmarks/README.md).
 
   dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
               a hash of its index, instead of one threefry draw per element.
   dropout_add_layer_norm
-              a layer's LayerNorm(residual + dropout(x)), twice a layer, as one Pallas kernel forward and one backward
-              (`bert_jax.model.kernels.layer_norm_gpu`), the same mask as the hashed dropout's.
+              a layer's LayerNorm(residual + dropout(x + bias)), twice a layer, as one Pallas kernel forward and one
+              backward (`bert_jax.model.kernels.layer_norm_gpu`), the same mask as the hashed dropout's.
   attention   softmax(q k^T + mask) v without writing the [L, L] scores to HBM, on per-token segment ids
               (a token attends to the tokens of its segment): packed rows pass their `segment_ids`, unpadded
               rows their attention_mask (real tokens one segment, padding another, whose outputs nothing reads).
@@ -102,12 +102,14 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
 
 
 def dropout_add_layer_norm(x: jax.Array, residual: jax.Array, scale: jax.Array, bias: jax.Array, *, epsilon: float,
-                           dropout_rate: float = 0.0, seed: jax.Array | None = None) -> jax.Array:
-    """LayerNorm(residual + dropout(x)) in one Pallas kernel (`layer_norm_gpu.dropout_add_layer_norm`), per device
-    under shard_map where a mesh splits the batch; x, residual [B, L, D] -> [B, L, D] in x's dtype. `INTERPRET` is
-    read at trace time."""
-    return layer_norm_gpu.dropout_add_layer_norm(x, residual, scale, bias, epsilon=epsilon, dropout_rate=dropout_rate,
-                                                 seed=seed, interpret=INTERPRET, batch_axes=BATCH_AXES)
+                           x_bias: jax.Array | None = None, dropout_rate: float = 0.0,
+                           seed: jax.Array | None = None) -> jax.Array:
+    """LayerNorm(residual + dropout(x + x_bias)) in one Pallas kernel (`layer_norm_gpu.dropout_add_layer_norm`), per
+    device under shard_map where a mesh splits the batch; x, residual [B, L, D] -> [B, L, D] in x's dtype.
+    `INTERPRET` is read at trace time."""
+    return layer_norm_gpu.dropout_add_layer_norm(x, residual, scale, bias, epsilon=epsilon, x_bias=x_bias,
+                                                 dropout_rate=dropout_rate, seed=seed, interpret=INTERPRET,
+                                                 batch_axes=BATCH_AXES)
 
 
 KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,

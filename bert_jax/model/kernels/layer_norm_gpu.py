@@ -54,6 +54,7 @@ class _Static:
     epsilon: float
     interpret: bool
     batch_axes: tuple[str, ...]  # mesh axes the batch is split over: each device runs its rows (shard_map)
+    x_bias: bool  # a bias added to x before the dropout (the sub-layer's last dense layer's)
 
     @property
     def inv_keep(self) -> float:
@@ -81,9 +82,12 @@ def _store(static: _Static, ref, value: Array) -> None:
         plgpu.store(ref, value, mask=lanes)
 
 
-def _sum(static: _Static, lead_ref, seed_ref, x_ref, r_ref) -> tuple[Array, Array | None]:
-    """The block's residual + dropout(x) [rows, width] in x's dtype, and the keep mask (None without dropout)."""
+def _sum(static: _Static, lead_ref, seed_ref, x_ref, xb_ref, r_ref) -> tuple[Array, Array | None]:
+    """The block's residual + dropout(x + x_bias) [rows, width] in x's dtype, and the keep mask (None without
+    dropout)."""
     x, r = _load(static, x_ref), _load(static, r_ref)
+    if static.x_bias:
+        x = x + _load(static, xb_ref).astype(x.dtype)[None, :]
     if not static.threshold:
         return r + x, None
     b, i = pl.program_id(0), pl.program_id(1)
@@ -107,16 +111,16 @@ def _normalised(static: _Static, s: Array) -> tuple[Array, Array]:
     return centred * rstd, rstd
 
 
-def _forward_kernel(lead_ref, seed_ref, x_ref, r_ref, scale_ref, bias_ref, y_ref, *, static: _Static):
-    s, _ = _sum(static, lead_ref, seed_ref, x_ref, r_ref)
+def _forward_kernel(lead_ref, seed_ref, x_ref, xb_ref, r_ref, scale_ref, bias_ref, y_ref, *, static: _Static):
+    s, _ = _sum(static, lead_ref, seed_ref, x_ref, xb_ref, r_ref)
     x_hat, _ = _normalised(static, s)
     scale, bias = _load(static, scale_ref).astype(jnp.float32), _load(static, bias_ref).astype(jnp.float32)
     _store(static, y_ref, (x_hat * scale[None, :] + bias[None, :]).astype(y_ref.dtype))
 
 
-def _backward_kernel(lead_ref, seed_ref, x_ref, r_ref, scale_ref, dy_ref, dx_ref, dr_ref, partial_ref, *,
+def _backward_kernel(lead_ref, seed_ref, x_ref, xb_ref, r_ref, scale_ref, dy_ref, dx_ref, dr_ref, partial_ref, *,
                      static: _Static):
-    s, keep = _sum(static, lead_ref, seed_ref, x_ref, r_ref)
+    s, keep = _sum(static, lead_ref, seed_ref, x_ref, xb_ref, r_ref)
     x_hat, rstd = _normalised(static, s)
     dy = _load(static, dy_ref).astype(jnp.float32)
     dx_hat = dy * _load(static, scale_ref).astype(jnp.float32)[None, :]  # 0 in the padding
@@ -130,6 +134,8 @@ def _backward_kernel(lead_ref, seed_ref, x_ref, r_ref, scale_ref, dy_ref, dx_ref
     # The block's shares of dscale and dbias, [2, width].
     _store(static, partial_ref.at[pl.ds(0, 1)], jnp.sum(dy * x_hat, axis=0, keepdims=True))
     _store(static, partial_ref.at[pl.ds(1, 1)], jnp.sum(dy, axis=0, keepdims=True))
+    if static.x_bias:  # and of dx_bias
+        _store(static, partial_ref.at[pl.ds(2, 1)], jnp.sum(ds.astype(jnp.float32), axis=0, keepdims=True))
 
 
 def _call(kernel, static: _Static, batch: int, length: int, in_specs, out_specs, out_shape, name, *args):
@@ -141,8 +147,8 @@ def _call(kernel, static: _Static, batch: int, length: int, in_specs, out_specs,
 
 
 def _per_device(static: _Static, call, outputs: int, batch: int):
-    """`call(lead, seed, x, residual, scale, bias_or_dy)` per device under `jax.shard_map` where the abstract mesh
-    has `static.batch_axes` and they divide the batch (the rows split, the vectors whole), else `call` itself."""
+    """`call(lead, seed, x, x_bias, residual, scale, bias_or_dy)` per device under `jax.shard_map` where the abstract
+    mesh has `static.batch_axes` and they divide the batch (the rows split, the vectors whole), else `call` itself."""
     mesh = jax.sharding.get_abstract_mesh()
     if not static.batch_axes or mesh.empty or not set(static.batch_axes) <= set(mesh.axis_names):
         return call
@@ -150,8 +156,9 @@ def _per_device(static: _Static, call, outputs: int, batch: int):
         return call  # e.g. the one-row batch of an initialisation: XLA runs the kernel on the whole
     rows, whole = P(static.batch_axes), P()
     out = P(static.batch_axes) if outputs == 1 else (P(static.batch_axes),) * outputs
-    return jax.shard_map(call, mesh=mesh, in_specs=(rows, whole, rows, rows, whole, rows if outputs > 1 else whole),
-                         out_specs=out, check_vma=False)
+    last = rows if outputs > 1 else whole  # dy, or the LayerNorm's bias
+    return jax.shard_map(call, mesh=mesh, in_specs=(rows, whole, rows, whole, rows, whole, last), out_specs=out,
+                         check_vma=False)
 
 
 def _specs(static: _Static, batch: int):
@@ -162,37 +169,42 @@ def _specs(static: _Static, batch: int):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(static: _Static, lead, seed, x, residual, scale, bias):
-    def call(lead, seed, x, residual, scale, bias):
+def _fused(static: _Static, lead, seed, x, x_bias, residual, scale, bias):
+    def call(lead, seed, x, x_bias, residual, scale, bias):
         batch, length, _ = x.shape
         lead_spec, seed_spec, block, vector = _specs(static, batch)
-        return _call(_forward_kernel, static, batch, length, [lead_spec, seed_spec, block, block, vector, vector], block,
-                     jax.ShapeDtypeStruct(x.shape, x.dtype), "dropout_add_layer_norm", lead, seed, x, residual, scale,
-                     bias)
+        return _call(_forward_kernel, static, batch, length,
+                     [lead_spec, seed_spec, block, vector, block, vector, vector], block,
+                     jax.ShapeDtypeStruct(x.shape, x.dtype), "dropout_add_layer_norm", lead, seed, x, x_bias, residual,
+                     scale, bias)
 
-    return _per_device(static, call, 1, x.shape[0])(lead, seed, x, residual, scale, bias)
+    return _per_device(static, call, 1, x.shape[0])(lead, seed, x, x_bias, residual, scale, bias)
 
 
-def _fused_fwd(static, lead, seed, x, residual, scale, bias):
-    return _fused(static, lead, seed, x, residual, scale, bias), (lead, seed, x, residual, scale, bias)
+def _fused_fwd(static, lead, seed, x, x_bias, residual, scale, bias):
+    out = _fused(static, lead, seed, x, x_bias, residual, scale, bias)
+    return out, (lead, seed, x, x_bias, residual, scale, bias)
 
 
 def _fused_bwd(static, saved, dy):
-    lead, seed, x, residual, scale, bias = saved
+    lead, seed, x, x_bias, residual, scale, bias = saved
+    sums = 3 if static.x_bias else 2  # dscale, dbias (, dx_bias)
 
-    def call(lead, seed, x, residual, scale, dy):
+    def call(lead, seed, x, x_bias, residual, scale, dy):
         batch, length, hidden = x.shape
         lead_spec, seed_spec, block, vector = _specs(static, batch)
-        partial_spec = pl.BlockSpec((None, None, 2, static.width), lambda b, i: (b, i, 0, 0))
-        partial = jax.ShapeDtypeStruct((batch, length // static.rows, 2, hidden), jnp.float32)
-        return _call(_backward_kernel, static, batch, length, [lead_spec, seed_spec, block, block, vector, block],
-                     [block, block, partial_spec],
+        partial_spec = pl.BlockSpec((None, None, sums, static.width), lambda b, i: (b, i, 0, 0))
+        partial = jax.ShapeDtypeStruct((batch, length // static.rows, sums, hidden), jnp.float32)
+        return _call(_backward_kernel, static, batch, length,
+                     [lead_spec, seed_spec, block, vector, block, vector, block], [block, block, partial_spec],
                      [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype), partial],
-                     "dropout_add_layer_norm_backward", lead, seed, x, residual, scale, dy)
+                     "dropout_add_layer_norm_backward", lead, seed, x, x_bias, residual, scale, dy)
 
-    dx, dr, partials = _per_device(static, call, 3, x.shape[0])(lead, seed, x, residual, scale, dy.astype(x.dtype))
-    dscale, dbias = jnp.sum(partials, axis=(0, 1))  # [2, D]: one reduction of every block's partial sums
-    return None, None, dx, dr, dscale.astype(scale.dtype), dbias.astype(bias.dtype)
+    dx, dr, partials = _per_device(static, call, 3, x.shape[0])(lead, seed, x, x_bias, residual, scale,
+                                                                dy.astype(x.dtype))
+    totals = jnp.sum(partials, axis=(0, 1))  # [sums, D]: one reduction of every block's partial sums
+    dx_bias = totals[2].astype(x_bias.dtype) if static.x_bias else None
+    return (None, None, dx, dx_bias, dr, totals[0].astype(scale.dtype), totals[1].astype(bias.dtype))
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -216,12 +228,16 @@ def check(dtype, hidden: int) -> str | None:
 
 
 def dropout_add_layer_norm(x: Array, residual: Array, scale: Array, bias: Array, *, epsilon: float,
-                           dropout_rate: float = 0.0, seed: Array | None = None, lead_hashes: Array | None = None,
-                           interpret: bool = False, batch_axes: tuple[str, ...] = ()) -> Array:
-    """LayerNorm(residual + dropout(x)) with the dropout, the sum and the LayerNorm in one kernel (module docstring).
+                           x_bias: Array | None = None, dropout_rate: float = 0.0, seed: Array | None = None,
+                           lead_hashes: Array | None = None, interpret: bool = False,
+                           batch_axes: tuple[str, ...] = ()) -> Array:
+    """LayerNorm(residual + dropout(x + x_bias)) with the bias, the dropout, the sum and the LayerNorm in one kernel
+    (module docstring).
 
     Args:
       x: [B, L, D] bfloat16, float16 or float32, a sub-layer's output (the dropout's input).
+      x_bias: [D] or None, a bias added to x in x's dtype before the dropout (the sub-layer's last dense layer's,
+        so that its output is not written once more with the bias added); its gradient is one more partial sum.
       residual: [B, L, D], x's dtype: the sub-layer's input.
       scale, bias: [D] (float32 parameters, any float dtype), the LayerNorm's gamma and beta.
       epsilon: added to the variance (bert_config.json's layer_norm_eps).
@@ -239,15 +255,16 @@ def dropout_add_layer_norm(x: Array, residual: Array, scale: Array, bias: Array,
       y [B, L, D] in x's dtype.
 
     Raises:
-      ValueError (one line): shapes or dtypes that differ, x not 3-D, scale or bias not [D], a hidden size `check`
-        refuses, dropout_rate outside [0, 1), dropout without a seed, lead_hashes not [B].
+      ValueError (one line): shapes or dtypes that differ, x not 3-D, scale, bias or x_bias not [D], a hidden size
+        `check` refuses, dropout_rate outside [0, 1), dropout without a seed, lead_hashes not [B].
     """
     if x.ndim != 3 or residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"the fused LayerNorm needs x and residual of one shape [B, L, D] and dtype, got "
                          f"{x.shape} {x.dtype} and {residual.shape} {residual.dtype}")
     batch, length, hidden = x.shape
-    if scale.shape != (hidden,) or bias.shape != (hidden,):
-        raise ValueError(f"the fused LayerNorm needs scale and bias [{hidden}], got {scale.shape}, {bias.shape}")
+    if scale.shape != (hidden,) or bias.shape != (hidden,) or (x_bias is not None and x_bias.shape != (hidden,)):
+        raise ValueError(f"the fused LayerNorm needs scale, bias and x_bias [{hidden}], got {scale.shape}, "
+                         f"{bias.shape}, {None if x_bias is None else x_bias.shape}")
     problem = check(x.dtype, hidden)
     if problem:
         raise ValueError(problem)
@@ -265,14 +282,18 @@ def dropout_add_layer_norm(x: Array, residual: Array, scale: Array, bias: Array,
     else:
         seed, lead = jnp.zeros((2,), jnp.int32), jnp.zeros((batch,), jnp.int32)
     static = _Static(rows=rows_per_block(length), hidden=hidden, width=1 << (hidden - 1).bit_length(),
-                     threshold=threshold, epsilon=float(epsilon), interpret=interpret, batch_axes=tuple(batch_axes))
-    return _fused(static, lead, seed, x, residual, scale, bias)
+                     threshold=threshold, epsilon=float(epsilon), interpret=interpret, batch_axes=tuple(batch_axes),
+                     x_bias=x_bias is not None)
+    x_bias = jnp.zeros((hidden,), jnp.float32) if x_bias is None else x_bias
+    return _fused(static, lead, seed, x, x_bias, residual, scale, bias)
 
 
-def reference(x: Array, residual: Array, scale: Array, bias: Array, *, epsilon: float, dropout_rate: float = 0.0,
-              seed: Array | None = None) -> Array:
-    """What `dropout_add_layer_norm` computes, in plain jnp: `dropout.apply(x, seed, rate)` (x's dtype), added to
-    residual in x's dtype, then LayerNorm with float32 two-pass statistics, y in x's dtype. Shapes as there."""
+def reference(x: Array, residual: Array, scale: Array, bias: Array, *, epsilon: float, x_bias: Array | None = None,
+              dropout_rate: float = 0.0, seed: Array | None = None) -> Array:
+    """What `dropout_add_layer_norm` computes, in plain jnp: x + x_bias in x's dtype, `dropout.apply(., seed, rate)`,
+    added to residual in x's dtype, then LayerNorm with float32 two-pass statistics, y in x's dtype. Shapes as
+    there."""
+    x = x if x_bias is None else x + x_bias.astype(x.dtype)
     dropped = hashed.apply(x, seed, dropout_rate) if hashed.threshold(dropout_rate) else x
     s = (residual + dropped).astype(jnp.float32)
     centred = s - jnp.mean(s, axis=-1, keepdims=True)
