@@ -1,21 +1,22 @@
-"""A post-LayerNorm layer's `LayerNorm(residual + dropout(x))` as one Pallas kernel for GPUs (Triton), and its
-gradient as one more.
+"""A post-LayerNorm layer's `LayerNorm(residual + dropout(x + x_bias))` as one Pallas kernel for GPUs (Triton), and
+its gradient as one more.
 
   dropout_add_layer_norm
-              y = LayerNorm(residual + dropout(x)) over the last axis: the sum in x's dtype, then float32
+              y = LayerNorm(residual + dropout(x + x_bias)) over the last axis, x_bias the sub-layer's last dense
+              layer's bias (optional): the sum in x's dtype, then float32
               statistics with the exact two-pass variance (flax's `use_fast_variance=False`, torch.nn.LayerNorm,
               the original's LayerNorm), scale and bias in float32, y in x's dtype. The dropout mask is
               `bert_jax.model.kernels.dropout.keep_mask`'s for x's shape [B, L, D] (the mask `HashedDropout`
               draws from the same seeds), computed in the kernel. A `jax.custom_vjp`: the forward writes y
               only; the backward kernel reads x, residual and dy, recomputes the sum, its statistics and the
-              mask, and writes dx, dresidual and per-block partial sums of dscale and dbias, which one
+              mask, and writes dx, dresidual and per-block partial sums of dscale, dbias (and dx_bias), which one
               reduction adds up. Nothing but the inputs is kept for the backward.
   reference   the same in plain jnp, the truth `dropout_add_layer_norm` is checked against (tests).
 
 Where it sits: Devlin et al. 2018, section 3 (BERT's layers are Vaswani et al. 2017's post-LN Transformer layers,
 section 5.4: dropout on each sub-layer's output before it is added to the sub-layer's input and normalised).
-Left to XLA, the same graph is an add-and-mask fusion, the LayerNorm's reductions and its normalisation, with the
-sum and the mask written for the backward, and a backward of several more kernels (benchmarks/README.md).
+Left to XLA, the same graph is a bias add, an add-and-mask fusion, the LayerNorm's reductions and its normalisation,
+with the sum and the mask written for the backward, and a backward of several more kernels (benchmarks/README.md).
 
 A block is `rows` rows of the hidden size padded to a power of two (Triton's tiles), the padding masked out of every
 load and store (BERT-Base's 768 in 1,024 lanes). On a CPU the same kernels run in Pallas's interpreter
