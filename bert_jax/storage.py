@@ -51,6 +51,18 @@ def exists(path: str | os.PathLike) -> bool:
     return epath.Path(path).exists()
 
 
+def remove(path: str | os.PathLike) -> None:
+    """Deletes the file (or object) `path` if it exists.
+
+    Raises:
+      OSError: it exists and cannot be deleted (one line naming it).
+    """
+    try:
+        epath.Path(path).unlink(missing_ok=True)
+    except OSError as e:
+        raise _named(e, f"{os.fspath(path)!r}: cannot delete it") from None
+
+
 def is_file(path: str | os.PathLike) -> bool:
     """True when `path` is an existing file (an object, on object stores)."""
     return epath.Path(path).is_file()

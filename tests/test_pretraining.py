@@ -311,3 +311,39 @@ def test_masking_mismatch_names_the_first_differing_field():
     assert pt.masking_mismatch(flags, dict(masked_lm_prob=0.2, short_seq_prob=0.0)) == ("masked_lm_prob", 0.2, 0.15)
     assert pt.masking_mismatch({}, dict(short_seq_prob=0.5)) == ("short_seq_prob", 0.5, 0.1)
     assert pt.MASKING_FIELDS == ("masked_lm_prob", "do_whole_word_mask", "short_seq_prob")
+
+
+@pytest.mark.parametrize("kind", ["instances", "documents"])
+def test_a_rerun_into_a_finished_directory_that_fails_while_publishing_leaves_it_incomplete(kind, tokenizer,
+                                                                                           monkeypatch, tmp_path):
+    """A second run into a finished output directory removes its metadata.json before it replaces any shard: when
+    that run fails midway through publishing (here after its first file), the directory reads as incomplete (no
+    metadata.json: the loaders refuse it in one line), never as the first run's metadata over the second run's
+    shards. Without a failure the second run's metadata describes its shards."""
+    from bert_jax import storage
+    from bert_jax.data.pretraining import document_shards, formats
+
+    docs = [[f"sentence {d} {s} of the corpus ." for s in range(4)] for d in range(12)]
+    out = str(tmp_path / "out")
+
+    def write(documents, num_shards):
+        if kind == "instances":
+            return pt.create_pretraining_data(iter(documents), tokenizer, out, dupe_factor=1, num_shards=num_shards)
+        return document_shards.tokenize_documents(iter(documents), tokenizer, out, num_shards=num_shards)
+
+    first = write(docs, 2)
+    assert formats.read_metadata(out)["shards"] == first["shards"]
+    real_publish = storage.publish
+
+    def publish_one_then_fail(work, output_dir, names):
+        real_publish(work, output_dir, names[:1])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage, "publish", publish_one_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        write(docs[:6], 3)
+    with pytest.raises(FileNotFoundError, match="no metadata.json"):
+        formats.read_metadata(out)
+    monkeypatch.setattr(storage, "publish", real_publish)
+    second = write(docs[:6], 3)
+    assert formats.read_metadata(out) == json.loads(json.dumps(second)) and len(second["shards"]) == 3

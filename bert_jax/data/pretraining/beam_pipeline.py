@@ -337,6 +337,8 @@ def run(parts: Sequence[Part], tokenizer, output_dir: str, *, beam_args: Sequenc
     documents_dir = control if tokenize_only else storage.join(control, "documents")
     documents_dest = shards_dest if tokenize_only else documents_dir
     try:
+        if remote:  # the workers write the shards into output_dir itself: no old metadata.json over them
+            formats.unpublish(output_dir)
         storage.makedirs(documents_dir)
         if not tokenize_only:  # the temporary documents directory: complete for `document_shards.Documents`
             _put(documents_dir, formats.VOCAB_NAME, lambda path: shutil.copyfile(tokenizer.vocab_file, path))
@@ -414,6 +416,7 @@ def run(parts: Sequence[Part], tokenizer, output_dir: str, *, beam_args: Sequenc
         metadata["seconds"] = round(time.time() - start, 3)
         names = metadata["shards"] + ([formats.COUNTS_NAME] if tokenize_only else [])
         if not remote:
+            formats.unpublish(output_dir)
             storage.publish(control, output_dir, names)
         _put(output_dir, formats.VOCAB_NAME, lambda path: shutil.copyfile(tokenizer.vocab_file, path))
         storage.write_json(storage.join(output_dir, formats.METADATA_NAME), metadata)

@@ -200,6 +200,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, output_dir: st
             raise ValueError("the input holds no document with a non-empty sentence")
         np.save(os.path.join(work, formats.COUNTS_NAME), counts)
         shutil.copyfile(tokenizer.vocab_file, os.path.join(work, formats.VOCAB_NAME))
+        formats.unpublish(output_dir)  # a previous run's metadata never describes these shards
         storage.publish(work, output_dir, [*names, formats.COUNTS_NAME, formats.VOCAB_NAME])
         metadata = documents_metadata(
             shard_documents=shard_documents, num_sentences=num_sentences, num_tokens=int(counts.sum()),

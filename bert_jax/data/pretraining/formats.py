@@ -27,6 +27,17 @@ DOCUMENTS_FORMAT_VERSION = 2
 COUNTS_NAME = "token_counts.npy"  # int64 [vocab_size]: occurrences of each token id in the documents
 
 
+def unpublish(path: str) -> None:
+    """Removes the metadata.json of the data directory `path` (local or a URI) if it has one: a writer about to replace
+    its shards calls this first, so that until the writer's own metadata.json (written last) the directory reads
+    as incomplete, never as the old run's metadata over new or partly written shards.
+
+    Raises:
+      OSError: the file exists and cannot be deleted (one line naming it).
+    """
+    storage.remove(storage.join(path, METADATA_NAME))
+
+
 def read_metadata(path: str) -> dict:
     """metadata.json of a create_pretraining_data output directory (static instances, or tokenized documents),
     with the fields its readers use checked present and of the right type: shards (file names), and

@@ -504,6 +504,7 @@ def create_pretraining_data(documents: Iterable[list[str]], tokenizer, output_di
             input_lines=read_stats.lines, tokenizer=tokenizer, options=options, dupe_factor=dupe_factor,
             random_seed=random_seed, documents_per_task=documents_per_task, extra_metadata=extra_metadata,
             seconds=time.time() - start)
+        formats.unpublish(output_dir)  # a previous run's metadata never describes these shards
         storage.publish(work_dir, output_dir, [*metadata["shards"], formats.VOCAB_NAME])
         storage.write_json(storage.join(output_dir, formats.METADATA_NAME), metadata)
         return metadata
