@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import kernels
-from bert_jax.model.kernels.dropout import seeds as dropout_seeds
 from bert_jax.model.bert_config import ACTIVATIONS, BertConfig
+from bert_jax.model.kernels.dropout import seeds as dropout_seeds
 
 Array = jax.Array
 
