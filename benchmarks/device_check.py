@@ -35,8 +35,9 @@ both timed); the compiled peer's compile time is its warm-up steps' time less as
 
 --gpu_tests first runs the fused attention kernels of the gpu set against a plain jnp reference, value and
 gradients (d query, d key, d value), at BERT's shapes in bfloat16 (H = 64, L = 128 and 512): flash_gpu with and
-without its in-kernel dropout (not interpreted), cuDNN's attention without dropout; max errors relative to the
-largest entry (tests/test_flash_attention.py's measure, bound 2e-2), then on a GPU the fwd+bwd time of each
+without its in-kernel dropout (not interpreted), cuDNN's attention without dropout, and layer_norm_gpu (value and
+five gradients, BERT-Large's and BERT-Base's hidden sizes); max errors relative to the largest entry
+(tests/test_flash_attention.py's measure, bound 2e-2), then on a GPU the fwd+bwd time of each attention form
 against the plain form at BERT-Large's shapes. On a CPU: Pallas's interpreter and XLA's lowering, small shapes.
 
 This file is the command: its flags, the plan of rows, the deadlines, one row's run and figures. The parts, beside

@@ -1,9 +1,10 @@
 """The device check's kernel checks (`benchmarks/device_check.py --gpu_tests`): the gpu set's fused attention
 kernels against `flash_gpu.reference_attention` (plain jnp), value and gradients (d query, d key, d value), at
 BERT's shapes in bfloat16 (H = 64, L = 128 and 512): flash_gpu with and without its in-kernel dropout (not
-interpreted), cuDNN's attention without dropout; max errors relative to the largest entry (tests/
-test_flash_attention.py's measure, bound 2e-2), then on a GPU the fwd+bwd time of each against the plain form at
-BERT-Large's shapes. On a CPU: Pallas's interpreter and XLA's lowering of the cuDNN call, small shapes.
+interpreted), cuDNN's attention without dropout; then layer_norm_gpu against `layer_norm_gpu.reference` at
+BERT-Large's and BERT-Base's hidden sizes; max errors relative to the largest entry (tests/
+test_flash_attention.py's measure, bound 2e-2), then on a GPU the fwd+bwd time of each attention form against the
+plain form at BERT-Large's shapes. On a CPU: Pallas's interpreter and XLA's lowering of the cuDNN call, small shapes.
 """
 
 from __future__ import annotations
@@ -90,9 +91,67 @@ def kernel_checks(report: Report) -> bool:
             report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
             say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
                 + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+    all_ok &= _layer_norm_checks(report, on_gpu, rng)
     if on_gpu:
         _kernel_times(report, rng)
     return all_ok
+
+
+def _layer_norm_checks(report: Report, on_gpu: bool, rng) -> bool:
+    """layer_norm_gpu's LayerNorm(residual + dropout(x + x_bias)) against `layer_norm_gpu.reference`, value and
+    gradients (dx, dresidual, dscale, dbias, dx_bias), bfloat16, dropout 0.1, at BERT-Large's and BERT-Base's hidden
+    sizes (1,024; 768 in masked lanes) on a GPU, a small shape interpreted on a CPU. True when within the bound."""
+    import jax.numpy as jnp
+
+    from bert_jax.model.kernels import dropout, layer_norm_gpu
+
+    ok_all = True
+    shapes = [(8, 128, 1024), (2, 512, 768)] if on_gpu else [(2, 16, 48)]
+    seed = dropout.seeds(rng)
+    for shape in shapes:
+        keys = jax.random.split(jax.random.key(shape[-1]), 6)
+        x, weight = (jax.random.normal(k, shape).astype(jnp.bfloat16) for k in keys[:2])
+        residual = (2.0 + jax.random.normal(keys[2], shape)).astype(jnp.bfloat16)
+        scale, bias, x_bias = (0.1 * jax.random.normal(k, shape[-1:]) + (1.0 if i == 0 else 0.0)
+                               for i, k in enumerate(keys[3:]))
+
+        def fused(x, residual, scale, bias, x_bias):
+            return layer_norm_gpu.dropout_add_layer_norm(x, residual, scale, bias, epsilon=1e-12, x_bias=x_bias,
+                                                         dropout_rate=0.1, seed=seed, interpret=not on_gpu)
+
+        def plain(x, residual, scale, bias, x_bias):
+            return layer_norm_gpu.reference(x, residual, scale, bias, epsilon=1e-12, x_bias=x_bias, dropout_rate=0.1,
+                                            seed=seed)
+
+        @jax.jit
+        def both(*args):
+            out = []
+            for f in (fused, plain):
+                value, vjp = jax.vjp(f, *args)
+                out.append((value, *vjp(weight)))
+            return out
+
+        label = f"layer_norm_gpu {list(shape)} dropout 0.1"
+        start = time.perf_counter()
+        try:
+            got, want = jax.device_get(both(x, residual, scale, bias, x_bias))
+        except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result to report
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            say(f"  {label}: FAILED: {type(e).__name__}: {first}")
+            traceback.print_exc(file=sys.stderr)
+            report.kernel_checks.append({"case": label, "error": f"{type(e).__name__}: {first}"})
+            ok_all = False
+            continue
+        errors = {}
+        for out_name, g, w in zip(("y", "dx", "dresidual", "dscale", "dbias", "dx_bias"), got, want):
+            g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+            errors[out_name] = float(np.abs(g - w).max() / np.abs(w).max()) if np.isfinite(g).all() else np.inf
+        ok = all(e <= 2e-2 for e in errors.values())
+        ok_all &= ok
+        report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
+        say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
+            + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+    return ok_all
 
 
 def _kernel_times(report: Report, rng) -> None:
