@@ -188,7 +188,8 @@ def test_one_run_per_workdir(small_instances, tmp_path):
     first = subprocess.Popen(_cmd(small_instances, tmp_path, total_steps=10_000, extra=["--config.checkpoint_every=1000"]),
                              cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and not (tmp_path / "tensorboard").is_dir():
+    # Until the first run has logged a step: then every name it makes in its first 1,000 steps is there.
+    while time.time() < deadline and not ((tmp_path / "tensorboard").is_dir() and (tmp_path / "metrics.jsonl").exists()):
         assert first.poll() is None, first.communicate()[1][-3000:]
         time.sleep(0.1)
     holder = _lease(tmp_path)
