@@ -71,26 +71,8 @@ def kernel_checks(report: Report) -> bool:
                     out.append((value, *vjp(weight)))
                 return out
 
-            label = f"{name} [{b}, {n}, {length}, {h}] dropout {rate}"
-            start = time.perf_counter()
-            try:
-                got, want = jax.device_get(both(q, k, v, weight))
-            except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result to report
-                first = (str(e).strip().splitlines() or [""])[0][:300]
-                say(f"  {label}: FAILED: {type(e).__name__}: {first}")
-                traceback.print_exc(file=sys.stderr)
-                report.kernel_checks.append({"case": label, "error": f"{type(e).__name__}: {first}"})
-                all_ok = False
-                continue
-            errors = {}
-            for out_name, g, w in zip(("context", "dq", "dk", "dv"), got, want):
-                g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-                errors[out_name] = float(np.abs(g - w).max() / np.abs(w).max()) if np.isfinite(g).all() else np.inf
-            ok = all(e <= 2e-2 for e in errors.values())
-            all_ok &= ok
-            report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
-            say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
-                + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+            all_ok &= _check_case(report, f"{name} [{b}, {n}, {length}, {h}] dropout {rate}",
+                                  lambda: both(q, k, v, weight), ("context", "dq", "dk", "dv"))
     all_ok &= _layer_norm_checks(report, on_gpu, rng)
     if on_gpu:
         _kernel_times(report, rng)
@@ -131,27 +113,34 @@ def _layer_norm_checks(report: Report, on_gpu: bool, rng) -> bool:
                 out.append((value, *vjp(weight)))
             return out
 
-        label = f"layer_norm_gpu {list(shape)} dropout 0.1"
-        start = time.perf_counter()
-        try:
-            got, want = jax.device_get(both(x, residual, scale, bias, x_bias))
-        except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result to report
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            say(f"  {label}: FAILED: {type(e).__name__}: {first}")
-            traceback.print_exc(file=sys.stderr)
-            report.kernel_checks.append({"case": label, "error": f"{type(e).__name__}: {first}"})
-            ok_all = False
-            continue
-        errors = {}
-        for out_name, g, w in zip(("y", "dx", "dresidual", "dscale", "dbias", "dx_bias"), got, want):
-            g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-            errors[out_name] = float(np.abs(g - w).max() / np.abs(w).max()) if np.isfinite(g).all() else np.inf
-        ok = all(e <= 2e-2 for e in errors.values())
-        ok_all &= ok
-        report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
-        say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
-            + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+        ok_all &= _check_case(report, f"layer_norm_gpu {list(shape)} dropout 0.1",
+                              lambda: both(x, residual, scale, bias, x_bias),
+                              ("y", "dx", "dresidual", "dscale", "dbias", "dx_bias"))
     return ok_all
+
+
+def _check_case(report: Report, label: str, run, names: tuple[str, ...]) -> bool:
+    """One kernel check: `run()` -> (the kernel's outputs, the plain form's), compared output by output (`names`)
+    as the max error relative to the plain form's largest entry, bound 2e-2; a line and a `report.kernel_checks`
+    record either way (a kernel that does not compile is a result: its first error line). True when within the bound."""
+    start = time.perf_counter()
+    try:
+        got, want = jax.device_get(run())
+    except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result to report
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        say(f"  {label}: FAILED: {type(e).__name__}: {first}")
+        traceback.print_exc(file=sys.stderr)
+        report.kernel_checks.append({"case": label, "error": f"{type(e).__name__}: {first}"})
+        return False
+    errors = {}
+    for out_name, g, w in zip(names, got, want):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        errors[out_name] = float(np.abs(g - w).max() / np.abs(w).max()) if np.isfinite(g).all() else np.inf
+    ok = all(e <= 2e-2 for e in errors.values())
+    report.kernel_checks.append({"case": label, "errors": errors, "ok": ok})
+    say(f"  {label}: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
+        + f" {'ok' if ok else 'OVER THE BOUND'} ({time.perf_counter() - start:.1f} s with compilation)")
+    return ok
 
 
 def _kernel_times(report: Report, rng) -> None:
