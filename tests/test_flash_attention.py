@@ -90,6 +90,44 @@ def test_token_major_layout_equals_heads_major(dtype, rate):
         flash_gpu.attention(q, k, v, segments, layout="NLH", interpret=True)
 
 
+@pytest.mark.parametrize("dtype,layout,head", [("float32", "BLNH", 32), ("bfloat16", "BNLH", 24)])
+def test_biases_and_scale_applied_on_load_equal_the_unfused_projections(dtype, layout, head):
+    """bias=(b_q, b_k, b_v), scale=s gives the context of the reference on q = (query + b_q) * s, k = key + b_k,
+    v = value + b_v (each rounded to the dtype, as the model's bias add and division), with dropout; the gradients
+    of query, key, value and the three biases equal autodiff of that composition (a bias's: its projection's summed
+    over the batch and the tokens). H = 24 pads the biases with the head."""
+    dtype = jnp.dtype(dtype)
+    q, k, v, weight = _inputs(dtype, head=head)
+    biases = tuple(jax.random.normal(jax.random.key(10 + i), (N, head)) for i in range(3))
+    scale = 1.0 / np.sqrt(head)
+    rng, segments = jax.random.key(5), jnp.asarray(SEGMENTS)
+    swap = (lambda x: x) if layout == "BNLH" else (lambda x: jnp.swapaxes(x, 1, 2))
+
+    def fused(q, k, v, bq, bk, bv):
+        return swap(flash_gpu.attention(swap(q), swap(k), swap(v), segments, dropout_rate=0.1,
+                                        seed=flash_gpu.seeds(rng), block_q=32, block_k=16, interpret=True,
+                                        layout=layout, bias=(bq, bk, bv), scale=scale))
+
+    def unfused(q, k, v, bq, bk, bv):
+        add = lambda x, b: (x + b[None, :, None, :].astype(dtype)).astype(dtype)  # noqa: E731
+        return flash_gpu.reference_attention((add(q, bq) * scale).astype(dtype), add(k, bk), add(v, bv), segments,
+                                             dropout_rate=0.1, rng=rng)
+
+    got, want = ((out, *vjp(weight.astype(out.dtype))) for out, vjp in
+                 (jax.vjp(jax.jit(f), q, k, v, *biases) for f in (fused, unfused)))
+    got, want = list(got), list(want)
+    names = ("context", "dq", "dk", "dv", "d bias_q", "d bias_k", "d bias_v")
+    for name, g, w in zip(names, got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        # d bias_k is 0 up to rounding (q . bias_k shifts a whole softmax row): against d key's scale.
+        scale = np.abs(np.asarray(want[2] if name == "d bias_k" else w, np.float32)).max()
+        tol = 2e-5 if dtype == jnp.float32 else 3e-2
+        np.testing.assert_allclose(g / scale, w / scale, rtol=0, atol=tol, err_msg=name)
+    with pytest.raises(ValueError, match=r"^flash attention needs three biases \[N, H\] = \(2, "):
+        flash_gpu.attention(q, k, v, segments, bias=biases[:2], interpret=True)
+
+
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k"))
 def _implied_mask(seed, block_q, block_k, lead_hashes=None):
     """The kept entries of the [b, n, L, L] probabilities: uniform attention over one segment (q = 0) of an

@@ -323,6 +323,7 @@ class BertSelfAttention(nn.Module):
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
         op = AttentionOp(c, name="op")
+        takes_bias = op.takes_bias(x.shape[1], deterministic)  # the kernel adds the biases as it loads the tiles
 
         # Kernels are [D, N, H] (heads on their own logical axis), multiplied as their free [D, N*H]
         # view over the flattened tokens, then one transpose to heads-major [B, N, L, H].
@@ -330,12 +331,15 @@ class BertSelfAttention(nn.Module):
             tokens = inputs.reshape(-1, d).astype(dtype)  # [B*L, D]
             kernel = param(self, f"{name}_kernel", initializer(c), (d, n, h), ("embed", "heads", "kv"))
             bias = param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
-            y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype)) + bias.reshape(n * h).astype(dtype)
+            y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype))
+            y = y if takes_bias else y + bias.reshape(n * h).astype(dtype)
             y = y.reshape(inputs.shape[0], inputs.shape[1], n, h).transpose(0, 2, 1, 3)
-            return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv"))
+            return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv")), bias
 
-        query = project("query", op.queries(x, positions, deterministic))
-        context = op(query, project("key", x), project("value", x), mask, deterministic, positions)  # [B, Q, N, H]
+        (query, q_bias), (key, k_bias), (value, v_bias) = (
+            project("query", op.queries(x, positions, deterministic)), project("key", x), project("value", x))
+        context = op(query, key, value, mask, deterministic, positions,
+                     (q_bias, k_bias, v_bias) if takes_bias else None)  # [B, Q, N, H]
         batch, rows = context.shape[:2]
         out_kernel = param(self, "output_kernel", initializer(c), (n, h, d), ("heads", "kv", "embed"))
         out_bias = param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
@@ -366,6 +370,11 @@ class AttentionOp(nn.Module):
                              f"attention_probs_dropout_prob=0 (it is {c.attention_probs_dropout_prob})")
         return ops.attention
 
+    def takes_bias(self, length: int, deterministic: bool) -> bool:
+        """Whether the projections go in without their biases and unscaled: the kernel set's attention takes the layer
+        and adds them itself (`Kernels.attention_bias`)."""
+        return self._kernel(length, deterministic) is not None and kernel_set(self.config).attention_bias
+
     def queries(self, x: Array, positions: Array | None, deterministic: bool) -> Array:
         """The inputs of the query projection: x [B, L, D] at positions int32 [B, Q] ([B, Q, D]) when the
         attention is computed here, else x."""
@@ -375,9 +384,10 @@ class AttentionOp(nn.Module):
 
     @nn.compact
     def __call__(self, query: Array, key: Array, value: Array, mask: AttentionMask, deterministic: bool,
-                 positions: Array | None = None) -> Array:
+                 positions: Array | None = None, bias: tuple[Array, Array, Array] | None = None) -> Array:
         """query [B, N, Q, H] (Q = L without positions), key and value [B, N, L, H] in config.dtype ->
-        context [B, Q, N, H] in config.dtype.
+        context [B, Q, N, H] in config.dtype. bias: the three projections' biases [N, H], not yet added, where
+        `takes_bias` (the kernel adds them and scales the query); None: added.
 
         Raises:
           ValueError: a kernel set whose attention draws no dropout (`Kernels.attention_dropout` False) taking
@@ -388,13 +398,14 @@ class AttentionOp(nn.Module):
         c = self.config
         dtype, scale = jnp.dtype(c.dtype), math.sqrt(c.head_size)
         kernel = self._kernel(key.shape[2], deterministic)
-        if kernel is not None and c.attention_probs_dropout_prob > 0 and not deterministic:
-            # The kernel draws the mask the reference path's dropout module (same name, same key) would draw.
-            seed = dropout_seeds(kernel_set(c).dropout(c.attention_probs_dropout_prob).make_rng("dropout"))
-            context = kernel((query / scale).astype(dtype), key, value, mask.segment_ids,
-                             dropout_rate=c.attention_probs_dropout_prob, seed=seed)  # [B, N, L, H]
-        elif kernel is not None:
-            context = kernel((query / scale).astype(dtype), key, value, mask.segment_ids)  # [B, N, L, H]
+        if kernel is not None:
+            args = dict(bias=bias, scale=1.0 / scale) if bias is not None else {}
+            query = query if bias is not None else (query / scale).astype(dtype)
+            if c.attention_probs_dropout_prob > 0 and not deterministic:
+                # The kernel draws the mask the reference path's dropout module (same name, same key) would draw.
+                args["seed"] = dropout_seeds(kernel_set(c).dropout(c.attention_probs_dropout_prob).make_rng("dropout"))
+                args["dropout_rate"] = c.attention_probs_dropout_prob
+            context = kernel(query, key, value, mask.segment_ids, **args)  # [B, N, L, H]
         else:
             scores = jnp.matmul(query, jnp.swapaxes(key, -1, -2), preferred_element_type=jnp.float32)
             probs = jax.nn.softmax(scores / scale + mask.query_bias(positions), axis=-1)  # [B, N, Q, L] float32

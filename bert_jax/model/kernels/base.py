@@ -30,6 +30,9 @@ class Kernels:
       attention_applies: None (`attention` takes every layer, and a training pass with attention dropout is
         an error unless `attention_dropout`), or (compute dtype, head size H, length L, attention dropout
         active) -> whether `attention` takes the layer; where not, the model's own attention (the reference path).
+      attention_bias: `attention` also takes (..., bias=(query, key, value biases, [N, H] each), scale=s): the
+        projections without their biases and the query unscaled, context = attention((query + b_q) * s, key + b_k,
+        value + b_v), the biases' gradients returned (where the kernel takes the layer: `AttentionOp.takes_bias`).
       attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
         `bert_jax.model.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
       dropout_add_layer_norm: None (the model's dropout, add and flax LayerNorm), or (x [B, L, D] a sub-layer's
@@ -48,6 +51,7 @@ class Kernels:
     attention: Callable | None = None
     attention_applies: Callable[[Any, int, int, bool], bool] | None = None
     attention_dropout: bool = False
+    attention_bias: bool = False
     dropout_add_layer_norm: Callable | None = None
 
 

@@ -78,6 +78,8 @@ class _Static:
     heads_major: bool  # q, k, v, o laid out [B, N, L, H]; False: [B, L, N, H]
     num_warps: int
     num_stages: int
+    biased: bool = False  # q, k, v biases [N, H] added on load
+    scale: float = 1.0  # the biased query's factor (1 / sqrt(H) in BERT)
 
     @property
     def inv_keep(self) -> float:
@@ -87,6 +89,15 @@ class _Static:
 def _dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
     """2-D a . b contracting a's axis `contract_a` with b's `contract_b`, float32 accumulation."""
     return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _projected(static: _Static, x: Array, bias_ref, scale: float = 1.0) -> Array:
+    """A loaded q, k or v tile [rows, H] as the attention reads it: (x + bias) * scale in x's dtype, rounded after
+    each operation as the unfused path's bias add and division; x itself when the call has no biases (`_Static.biased`)
+    and scale 1."""
+    if static.biased:
+        x = (x + bias_ref[...][None, :].astype(x.dtype)).astype(x.dtype)
+    return x if scale == 1.0 else (x * scale).astype(x.dtype)
 
 
 def _scores(q: Array, k: Array, seg_q: Array, seg_k: Array) -> Array:
@@ -103,13 +114,14 @@ def _keep(static: _Static, lead_hash: Array, s1: Array, q_start: Array, k_start:
     return hashed.kept_int32(lead_hash, s1, rows * jnp.int32(length) + cols, static.threshold)
 
 
-def _forward_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static):
-    """One (b, n, query block): q_ref [bq, H], k_ref and v_ref [L, H], seg_ref int32 [L] -> o_ref [bq, H],
-    lse_ref float32 [bq] (log of the softmax's row sums, in the scores' units)."""
+def _forward_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
+                    static: _Static):
+    """One (b, n, query block): q_ref [bq, H], k_ref and v_ref [L, H], seg_ref int32 [L], the head's biases
+    b*_ref [H] -> o_ref [bq, H], lse_ref float32 [bq] (log of the softmax's row sums, in the scores' units)."""
     b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, length = static.block_q, static.block_k, k_ref.shape[0]
     q_start = i * bq
-    q = q_ref[...]
+    q = _projected(static, q_ref[...], bq_ref, static.scale)
     seg_q = seg_ref[pl.ds(q_start, bq)]
     if static.threshold:
         lead_hash, s1 = lead_ref[b, n], seed_ref[1]
@@ -117,14 +129,14 @@ def _forward_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse
     def body(j, carry):
         acc, m, l = carry
         k_start = j * bk
-        s = _scores(q, k_ref[pl.ds(k_start, bk), :], seg_q, seg_ref[pl.ds(k_start, bk)])
+        s = _scores(q, _projected(static, k_ref[pl.ds(k_start, bk), :], bk_ref), seg_q, seg_ref[pl.ds(k_start, bk)])
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[:, None])  # [bq, bk] float32, unnormalised
         l = alpha * l + jnp.sum(p, axis=1)  # the softmax's denominator: before dropout
         if static.threshold:
             p = jnp.where(_keep(static, lead_hash, s1, q_start, k_start, length, (bq, bk)), p, 0.0)
-        v = v_ref[pl.ds(k_start, bk), :]
+        v = _projected(static, v_ref[pl.ds(k_start, bk), :], bv_ref)
         acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v, 1, 0)
         return acc, m_new, l
 
@@ -150,36 +162,37 @@ def _probabilities(static, lead_hash, s1, q, k, v, do, seg_q, seg_k, lse, delta,
     return p_dropped, p * (dp - delta[:, None])
 
 
-def _dq_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
-               static: _Static):
+def _dq_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+               dq_ref, *, static: _Static):
     """One (b, n, query block): q_ref, do_ref [bq, H], k_ref, v_ref [L, H], lse_ref, delta_ref float32 [bq]
-    -> dq_ref [bq, H] = sum over key blocks of dS K."""
+    -> dq_ref [bq, H] = scale * sum over key blocks of dS K (the gradient of the query before bias and scale)."""
     b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, length = static.block_q, static.block_k, k_ref.shape[0]
     q_start = i * bq
-    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    q, do, lse, delta = _projected(static, q_ref[...], bq_ref, static.scale), do_ref[...], lse_ref[...], delta_ref[...]
     seg_q = seg_ref[pl.ds(q_start, bq)]
     lead_hash, s1 = (lead_ref[b, n], seed_ref[1]) if static.threshold else (None, None)
 
     def body(j, dq):
         k_start = j * bk
-        k = k_ref[pl.ds(k_start, bk), :]
-        _, ds = _probabilities(static, lead_hash, s1, q, k, v_ref[pl.ds(k_start, bk), :], do, seg_q,
+        k = _projected(static, k_ref[pl.ds(k_start, bk), :], bk_ref)
+        v = _projected(static, v_ref[pl.ds(k_start, bk), :], bv_ref)
+        _, ds = _probabilities(static, lead_hash, s1, q, k, v, do, seg_q,
                                seg_ref[pl.ds(k_start, bk)], lse, delta, q_start, k_start, length)
         return dq + _dot(ds.astype(k.dtype), k, 1, 0)
 
     dq = lax.fori_loop(0, length // bk, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dq_ref[...] = (dq * static.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
-                static: _Static):
+def _dkv_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+                dk_ref, dv_ref, *, static: _Static):
     """One (b, n, key block): k_ref, v_ref [bk, H], q_ref, do_ref [L, H], lse_ref, delta_ref float32 [L]
     -> dk_ref = sum over query blocks of dS^T Q, dv_ref = sum of P_d^T dO, [bk, H] each."""
     b, n, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, length = static.block_q, static.block_k, q_ref.shape[0]
     k_start = j * bk
-    k, v = k_ref[...], v_ref[...]
+    k, v = _projected(static, k_ref[...], bk_ref), _projected(static, v_ref[...], bv_ref)
     seg_k = seg_ref[pl.ds(k_start, bk)]
     lead_hash, s1 = (lead_ref[b, n], seed_ref[1]) if static.threshold else (None, None)
 
@@ -187,7 +200,7 @@ def _dkv_kernel(lead_ref, seed_ref, seg_ref, q_ref, k_ref, v_ref, do_ref, lse_re
         dk, dv = carry
         q_start = i * bq
         rows = pl.ds(q_start, bq)
-        q, do = q_ref[rows, :], do_ref[rows, :]
+        q, do = _projected(static, q_ref[rows, :], bq_ref, static.scale), do_ref[rows, :]
         p_dropped, ds = _probabilities(static, lead_hash, s1, q, k, v, do, seg_ref[rows], seg_k, lse_ref[rows],
                                        delta_ref[rows], q_start, k_start, length)
         return dk + _dot(ds.astype(q.dtype), q, 0, 0), dv + _dot(p_dropped.astype(do.dtype), do, 0, 0)
@@ -206,11 +219,13 @@ def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, name, *
     )(*args)
 
 
-def _common_specs(batch: int, heads: int, length: int):
-    """BlockSpecs of lead hashes [B, N], seeds [2], segment ids [B, L] (whole rows), for a (b, n, block) grid."""
+def _common_specs(batch: int, heads: int, length: int, head: int):
+    """BlockSpecs of lead hashes [B, N], seeds [2], segment ids [B, L] (whole rows) and the three biases [N, H] (the
+    head's row), for a (b, n, block) grid."""
+    bias = pl.BlockSpec((None, head), lambda b, n, i: (n, 0))
     return [pl.BlockSpec((batch, heads), lambda b, n, i: (0, 0)),
             pl.BlockSpec((2,), lambda b, n, i: (0,)),
-            pl.BlockSpec((None, length), lambda b, n, i: (b, 0))]
+            pl.BlockSpec((None, length), lambda b, n, i: (b, 0)), bias, bias, bias]
 
 
 def _dims(static: _Static, x: Array) -> tuple[int, int, int, int]:
@@ -226,35 +241,35 @@ def _tile(static: _Static, rows: int, head: int, whole: bool = False) -> pl.Bloc
     return pl.BlockSpec((None, rows, None, head), lambda b, n, i: (b, 0 if whole else i, n, 0))
 
 
-def _forward(static: _Static, lead, seed, seg, q, k, v):
+def _forward(static: _Static, lead, seed, seg, biases, q, k, v):
     batch, heads, length, head = _dims(static, q)
     tile = lambda rows: _tile(static, rows, head)  # noqa: E731
     whole = _tile(static, length, head, whole=True)
     return _call(_forward_kernel, static, (batch, heads, length // static.block_q),
-                 _common_specs(batch, heads, length) + [tile(static.block_q), whole, whole],
+                 _common_specs(batch, heads, length, head) + [tile(static.block_q), whole, whole],
                  [tile(static.block_q), pl.BlockSpec((None, None, static.block_q), lambda b, n, i: (b, n, i))],
                  [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-                 "flash_attention_forward", lead, seed, seg, q, k, v)
+                 "flash_attention_forward", lead, seed, seg, *biases, q, k, v)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(static: _Static, lead, seed, seg, q, k, v):
-    return _forward(static, lead, seed, seg, q, k, v)[0]
+def _flash(static: _Static, lead, seed, seg, biases, q, k, v):
+    return _forward(static, lead, seed, seg, biases, q, k, v)[0]
 
 
-def _flash_fwd(static, lead, seed, seg, q, k, v):
-    o, lse = _forward(static, lead, seed, seg, q, k, v)
-    return o, (lead, seed, seg, q, k, v, o, lse)
+def _flash_fwd(static, lead, seed, seg, biases, q, k, v):
+    o, lse = _forward(static, lead, seed, seg, biases, q, k, v)
+    return o, (lead, seed, seg, biases, q, k, v, o, lse)
 
 
 def _flash_bwd(static, residuals, do):
-    lead, seed, seg, q, k, v, o, lse = residuals
+    lead, seed, seg, biases, q, k, v, o, lse = residuals
     batch, heads, length, head = _dims(static, q)
     do = do.astype(q.dtype)
     # D_i = rowsum(dO_i * O_i) = rowsum(dP_d * P_d) (algorithm 4): one elementwise pass, float32.
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # [B, N, L] ([B, L, N]: swapped)
     delta = delta if static.heads_major else jnp.swapaxes(delta, 1, 2)
-    common = _common_specs(batch, heads, length)
+    common = _common_specs(batch, heads, length, head)
     whole = _tile(static, length, head, whole=True)
     whole_row = pl.BlockSpec((None, None, length), lambda b, n, i: (b, n, 0))
     tile = lambda rows: _tile(static, rows, head)  # noqa: E731
@@ -263,12 +278,16 @@ def _flash_bwd(static, residuals, do):
     dq = _call(_dq_kernel, static, (batch, heads, length // bq),
                common + [tile(bq), whole, whole, tile(bq), tile_row(bq), tile_row(bq)], tile(bq),
                jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq",
-               lead, seed, seg, q, k, v, do, lse, delta)
+               lead, seed, seg, *biases, q, k, v, do, lse, delta)
     dk, dv = _call(_dkv_kernel, static, (batch, heads, length // bk),
                    common + [whole, tile(bk), tile(bk), whole, whole_row, whole_row], [tile(bk), tile(bk)],
                    [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-                   "flash_attention_dkv", lead, seed, seg, q, k, v, do, lse, delta)
-    return None, None, None, dq, dk, dv
+                   "flash_attention_dkv", lead, seed, seg, *biases, q, k, v, do, lse, delta)
+    # A bias's gradient: its projection's summed over the batch and the tokens, float32.
+    tokens = (0, 2) if static.heads_major else (0, 1)
+    dbiases = tuple(jnp.sum(g.astype(jnp.float32), axis=tokens).astype(bias.dtype) for g, bias in
+                    zip((dq, dk, dv), biases)) if static.biased else tuple(jnp.zeros_like(b) for b in biases)
+    return None, None, None, dbiases, dq, dk, dv
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -305,15 +324,21 @@ def supported(dtype, head_size: int, length: int) -> bool:
 
 def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dropout_rate: float = 0.0,
               seed: Array | None = None, lead_hashes: Array | None = None, block_q: int | None = None,
-              block_k: int | None = None, interpret: bool = False, layout: str = "BNLH") -> Array:
+              block_k: int | None = None, interpret: bool = False, layout: str = "BNLH",
+              bias: tuple[Array, Array, Array] | None = None, scale: float = 1.0) -> Array:
     """Fused attention with inverted dropout on the attention probabilities.
 
-    context = (keep / keep_prob * softmax(query key^T + mask)) value per (b, n), the softmax over the keys of
-    the query's segment, its statistics in float32.
+    context = (keep / keep_prob * softmax(q k^T + mask)) v per (b, n), the softmax over the keys of the query's
+    segment, its statistics in float32, with q = (query + bias_q) * scale, k = key + bias_k, v = value + bias_v
+    computed as each tile is loaded (the projections' biases and 1 / sqrt(H) never take a pass over memory).
 
     Args:
-      query: [B, N, L, H] bfloat16, float16 or float32, already scaled by 1 / sqrt(H).
+      query: [B, N, L, H] bfloat16, float16 or float32: the query projection, scaled by `scale` here.
       key, value: [B, N, L, H], query's dtype.
+      bias: None, or the query, key and value projections' biases, three [N, H] arrays (any float dtype: a model's
+        float32 parameters, cast to query's dtype in the kernel); their gradients, in the biases' dtypes, are the
+        projections' summed over the batch and the tokens.
+      scale: the query's factor after its bias (1 / sqrt(H) for BERT; 1 for a query scaled already).
       segment_ids: int [B, L]; query i attends to key j iff segment_ids[b, i] == segment_ids[b, j] (packed rows:
         their segment ids; padded rows: attention_mask, real tokens one segment and padding another). Every
         query sees at least itself, so no softmax row is empty.
@@ -332,7 +357,8 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
       context [B, N, L, H] in query's dtype ([B, L, N, H] for layout "BLNH").
 
     Raises:
-      ValueError (one line): an unknown layout, shapes that differ from [B, N, L, H] / [B, L], a head size that is not a
+      ValueError (one line): an unknown layout, shapes that differ from [B, N, L, H] / [B, L] / [N, H] (biases), a
+        head size that is not a
         multiple of 8 in [8, 128], another dtype, a length not divisible by a block (or, on a GPU, a block
         that is not a power of two >= 16), dropout_rate outside [0, 1), dropout without a seed.
     """
@@ -347,6 +373,9 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
         raise ValueError(f"flash attention needs segment_ids [B, L] = {(batch, length)}, got {segment_ids.shape}")
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise ValueError(f"flash attention needs one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if bias is not None and (len(bias) != 3 or any(jnp.shape(b) != (heads, head) for b in bias)):
+        raise ValueError(f"flash attention needs three biases [N, H] = {(heads, head)}, got "
+                         f"{[jnp.shape(b) for b in bias] if isinstance(bias, (tuple, list)) else bias!r}")
     problem = check(query.dtype, head, length, dropout_rate, block_q, block_k, interpret)
     if problem:
         raise ValueError(problem)
@@ -365,10 +394,12 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
     padded = max(_MIN_GPU_BLOCK, 1 << (head - 1).bit_length())
     pad = [(0, 0)] * 3 + [(0, padded - head)]
     q, k, v = ((x if padded == head else jnp.pad(x, pad)) for x in (query, key, value))
+    biases = tuple(jnp.zeros((heads, padded), query.dtype) for _ in range(3)) if bias is None else tuple(
+        b if padded == head else jnp.pad(b, [(0, 0), (0, padded - head)]) for b in map(jnp.asarray, bias))
     static = _Static(block_q=_block(block_q, length), block_k=_block(block_k, length), threshold=threshold,
                      interpret=interpret, heads_major=layout == "BNLH", num_warps=4 if padded <= 64 else 8,
-                     num_stages=2)
-    out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), q, k, v)
+                     num_stages=2, biased=bias is not None, scale=float(scale))
+    out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), biases, q, k, v)
     return out if padded == head else out[..., :head]
 
 

@@ -57,33 +57,36 @@ def applies(dtype, head_size: int, length: int, dropout: bool) -> bool:
     return head_size % 8 == 0 and head_size <= MAX_HEAD_SIZE and length % 2 == 0
 
 
-def _flash(query, key, value, segment_ids, dropout_rate: float, seed: jax.Array) -> jax.Array:
+def _flash(query, key, value, segment_ids, dropout_rate: float, seed: jax.Array, bias, scale: float) -> jax.Array:
     """flash_gpu's attention on query, key, value [B, L, N, H] (the projections' layout, "BLNH": no transpose to
-    heads-major and back) -> [B, L, N, H], per device under shard_map where a mesh splits the batch or heads;
-    each device draws its slice of the global [B, N, L, L] mask (`flash_gpu.make_lead_hashes` of the global
-    shape)."""
+    heads-major and back) and biases [N, H] (or None) -> [B, L, N, H], per device under shard_map where a mesh
+    splits the batch or heads; each device draws its slice of the global [B, N, L, L] mask
+    (`flash_gpu.make_lead_hashes` of the global shape)."""
     batch, heads = query.shape[0], query.shape[2]
     lead = flash_gpu.make_lead_hashes(seed, batch, heads)  # int32 [B, N]
 
-    def local(q, k, v, s, lead_hashes, seed):
+    def local(q, k, v, s, lead_hashes, seed, bias):
         return flash_gpu.attention(q, k, v, s, dropout_rate=dropout_rate, seed=seed, lead_hashes=lead_hashes,
-                                   interpret=INTERPRET, layout="BLNH")
+                                   interpret=INTERPRET, layout="BLNH", bias=bias, scale=scale)
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES + (HEADS_AXIS,)) <= set(mesh.axis_names):
-        return local(query, key, value, segment_ids, lead, seed)
+        return local(query, key, value, segment_ids, lead, seed, bias)
     qkv = P(BATCH_AXES, None, HEADS_AXIS, None)
+    bias_specs = None if bias is None else (P(HEADS_AXIS, None),) * 3  # their gradients summed over the batch shards
     return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, P(BATCH_AXES, None), P(BATCH_AXES, HEADS_AXIS),
-                                                     P()),
-                         out_specs=qkv, check_vma=False)(query, key, value, segment_ids, lead, seed)
+                                                     P(), bias_specs),
+                         out_specs=qkv, check_vma=False)(query, key, value, segment_ids, lead, seed, bias)
 
 
 def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array,
-              dropout_rate: float = 0.0, seed: jax.Array | None = None) -> jax.Array:
-    """query (already scaled by 1/sqrt(H)), key, value [B, N, L, H] in the compute dtype; segment_ids int32
-    [B, L] -> context [B, N, L, H]: softmax(q k^T) v over the keys of the query's segment; with dropout_rate > 0,
-    inverted dropout on the probabilities with the mask `dropout.keep_mask` draws from seed uint32 [2]
-    (flash_gpu). `IMPLEMENTATION` and `INTERPRET` are read at trace time.
+              dropout_rate: float = 0.0, seed: jax.Array | None = None, bias=None, scale: float = 1.0) -> jax.Array:
+    """query, key, value [B, N, L, H] in the compute dtype; segment_ids int32 [B, L]; bias None or the three
+    projections' biases [N, H] -> context [B, N, L, H]: softmax(q k^T) v over the keys of the query's segment with
+    q = (query + bias_q) * scale, k = key + bias_k, v = value + bias_v (flash_gpu adds them as it loads its tiles;
+    cuDNN's path first, in jnp); with dropout_rate > 0, inverted dropout on the probabilities with the mask
+    `dropout.keep_mask` draws from seed uint32 [2] (flash_gpu). `IMPLEMENTATION` and `INTERPRET` are read at
+    trace time.
 
     Raises:
       ValueError: dropout_rate > 0 without a seed, or a layer flash_gpu does not take (see `applies`).
@@ -94,7 +97,12 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
             raise ValueError(f"gpu attention with dropout_rate={dropout_rate} needs a seed")
         # The model's [B, N, L, H] is its projections' [B, L, N, H] transposed: XLA cancels the two transposes.
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
-        return jnp.swapaxes(_flash(q, k, v, segment_ids, dropout_rate, seed), 1, 2)
+        return jnp.swapaxes(_flash(q, k, v, segment_ids, dropout_rate, seed, bias, scale), 1, 2)
+    if bias is not None:  # the unfused projections' arithmetic: the bias added, then the scale, in the dtype
+        query, key, value = ((x + b[:, None, :].astype(x.dtype)).astype(x.dtype) for x, b in
+                             zip((query, key, value), bias))
+    if scale != 1.0:
+        query = (query * scale).astype(query.dtype)
     mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]  # [B, 1, L, L]
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # [B, L, N, H]
     out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation=IMPLEMENTATION)
@@ -113,5 +121,5 @@ def dropout_add_layer_norm(x: jax.Array, residual: jax.Array, scale: jax.Array, 
 
 
 KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
-                              attention_applies=applies, attention_dropout=True,
+                              attention_applies=applies, attention_dropout=True, attention_bias=True,
                               dropout_add_layer_norm=dropout_add_layer_norm)
