@@ -31,7 +31,7 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     # The gpu set: the reference forms, the hashed dropout and the fused attention where it applies, nothing else.
     assert gpu.KERNELS.dropout is hashed.HashedDropout
     assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
-                               attention_dropout=False, attention_bias=False, dropout=nn.Dropout,
+                               attention_dropout=False, attention_bias=False, dropout=nn.Dropout, bias_gelu=None,
                                dropout_add_layer_norm=None) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu
@@ -60,6 +60,29 @@ def test_gelu_and_its_gradient_equal_torch(name, dtype):
     assert gelu(x).dtype == grad.dtype == x.dtype
     np.testing.assert_allclose(np.asarray(gelu(x), np.float32), ref.detach().numpy(), **_tol(dtype, 1e-6))
     np.testing.assert_allclose(np.asarray(grad, np.float32), t.grad.numpy(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_bias_gelu_equals_the_dense_bias_then_the_reference_gelu(dtype):
+    """gpu.bias_gelu(x, bias) against reference.gelu(x + bias) (flax Dense's bias add in the dtype): value, d x and
+    d bias (float32, over the leading axes) under autodiff of the composition, over [-8, 8]; x's dtype kept."""
+    dtype = jnp.dtype(dtype)
+    x = jnp.asarray(np.linspace(-8, 8, 4096).reshape(2, 32, 64), dtype)
+    bias = jnp.asarray(np.sin(np.arange(64)), jnp.float32)
+    weight = jnp.asarray(np.cos(np.arange(x.size)).reshape(x.shape), jnp.float32)
+
+    def loss(f):
+        return lambda x, b: jnp.sum(f(x, b).astype(jnp.float32) * weight)
+
+    plain = lambda x, b: reference.gelu(x + b.astype(x.dtype))  # noqa: E731
+    (got, want) = (jax.value_and_grad(loss(f), argnums=(0, 1))(x, bias) for f in (gpu.bias_gelu, plain))
+    assert gpu.bias_gelu(x, bias).dtype == got[1][0].dtype == dtype and got[1][1].dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(gpu.bias_gelu(x, bias), np.float32), np.asarray(plain(x, bias), np.float32),
+                               **_tol(dtype, 1e-6))
+    for g, w in zip(got[1], want[1]):
+        scale = np.abs(np.asarray(w, np.float32)).max()
+        np.testing.assert_allclose(np.asarray(g, np.float32) / scale, np.asarray(w, np.float32) / scale,
+                                   **_tol(dtype, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -362,16 +385,17 @@ def test_gpu_attention_equals_the_reference_with_segment_ids(dtype, monkeypatch)
 def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
     """kernels="gpu" in BertForPreTraining on packed rows: bfloat16 without attention dropout takes cuDNN's
     kernel, and a bfloat16 training pass with attention dropout 0.1 takes flash_gpu (interpreted), both with
-    layer_norm_gpu's fused LayerNorm(residual + dropout(x)) twice a layer and with the
+    layer_norm_gpu's fused LayerNorm(residual + dropout(x)) twice a layer, bias_gelu once, and with the
     logits of the reference set (with the hashed dropout: the same masks) within bfloat16's tolerance, the latter
     also jitted on a data=2 x tensor=2 mesh (flash_gpu per device under shard_map); float32 takes the reference
     path: the reference set's outputs exactly."""
     monkeypatch.setattr(gpu, "IMPLEMENTATION", "xla")
     monkeypatch.setattr(gpu, "INTERPRET", True)
-    calls, norms = [], []
+    calls, norms, gelus = [], [], []
     monkeypatch.setattr(gpu, "KERNELS", dataclasses.replace(
         gpu.KERNELS, attention=lambda *a, **kw: calls.append(1) or gpu.attention(*a, **kw),
-        dropout_add_layer_norm=lambda *a, **kw: norms.append(1) or gpu.dropout_add_layer_norm(*a, **kw)))
+        dropout_add_layer_norm=lambda *a, **kw: norms.append(1) or gpu.dropout_add_layer_norm(*a, **kw),
+        bias_gelu=lambda *a: gelus.append(1) or gpu.bias_gelu(*a)))
     length = 32
     segments = _segments(length)
     starts = [[0, 12, 20], [0, 0, 0]]
@@ -391,14 +415,15 @@ def test_gpu_kernel_set_in_the_model_and_its_fallback(monkeypatch):
         model = modeling.BertForPreTraining(config)
         params = model.init(jax.random.PRNGKey(0), inputs["input_ids"][:1],
                             masked_lm_positions=inputs["masked_lm_positions"][:1])["params"]
-        calls.clear(), norms.clear()
+        calls.clear(), norms.clear(), gelus.clear()
 
         def apply(params, inputs, packed):
             return model.apply({"params": params}, **inputs, **packed, deterministic=deterministic,
                                rngs={"dropout": jax.random.PRNGKey(key)})
 
         out = (jax.jit(apply) if jit else apply)(params, inputs, packed)
-        assert len(norms) == (4 if dtype == "bfloat16" and name == "gpu" else 0)  # fused: two a layer, bfloat16
+        fused = dtype == "bfloat16" and name == "gpu"
+        assert len(norms) == (4 if fused else 0) and len(gelus) == (2 if fused else 0)  # two and one a layer
         return (np.asarray(out.mlm_logits, np.float32), np.asarray(out.nsp_logits, np.float32)), len(calls)
 
     for dropout, deterministic in ((0.0, True), (0.1, False)):

@@ -109,6 +109,23 @@ class SplitDense(nn.Module):
         return product, bias
 
 
+def _half(config: BertConfig) -> bool:
+    """Whether config computes in bfloat16 or float16, where the kernel sets' fused forms are taken."""
+    return jnp.dtype(config.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def dense_activation(config: BertConfig, name: str, x: Array) -> Array:
+    """The feed-forward block's first layer: activation(dense `name`(x)), x [..., D] -> [..., intermediate_size] in
+    config.dtype, the Dense's kernel [D, I] on logical axes ("embed", "mlp"). The kernel set's `bias_gelu` (the bias
+    and GELU in one recomputing pass, the same parameters) where it has one, hidden_act is "gelu" and the compute
+    dtype is bfloat16 or float16; else the Dense with the set's dot_general, then `activation`. Inside a module
+    only."""
+    ops = kernel_set(config)
+    if ops.bias_gelu is not None and config.hidden_act == "gelu" and _half(config):
+        return ops.bias_gelu(*SplitDense(config, config.intermediate_size, ("embed", "mlp"), name=name)(x))
+    return activation(config)(dense(config, config.intermediate_size, ("embed", "mlp"), name, ops.dot_general)(x))
+
+
 def dropout_add_layer_norm(config: BertConfig, name: str, x: Array, x_bias: Array, residual: Array,
                            deterministic: bool) -> Array:
     """LayerNorm `name`(residual + dropout(x + x_bias)) at hidden_dropout_prob: a post-LN layer's sub-layer output x
@@ -119,7 +136,7 @@ def dropout_add_layer_norm(config: BertConfig, name: str, x: Array, x_bias: Arra
     submodules)."""
     ops = kernel_set(config)
     dtype = jnp.dtype(config.dtype)
-    if ops.dropout_add_layer_norm is None or dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    if ops.dropout_add_layer_norm is None or not _half(config):
         x = x + x_bias.astype(dtype)
         return layer_norm(config, name)(residual + dropout(config, config.hidden_dropout_prob, x, deterministic))
     rate = 0.0 if deterministic else config.hidden_dropout_prob

@@ -47,8 +47,8 @@ import jax.numpy as jnp
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig, REMAT_POLICIES  # noqa: F401
 from bert_jax.model.kernels.dropout import seeds as dropout_seeds
-from bert_jax.model.layers import (AttentionMask, SplitDense, activation, dense, dropout, dropout_add_layer_norm,
-                                   gather_positions, initializer, kernel_set, layer_norm, param)
+from bert_jax.model.layers import (AttentionMask, SplitDense, activation, dense, dense_activation, dropout,
+                                   dropout_add_layer_norm, gather_positions, initializer, kernel_set, layer_norm, param)
 
 Array = jax.Array
 
@@ -291,8 +291,7 @@ class BertLayer(nn.Module):
             x = gather_positions(x, positions)
         x = dropout_add_layer_norm(c, "attention_LayerNorm", attn, attn_bias, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-        y = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", kernel_set(c).dot_general)(x)
-        y = nn.with_logical_constraint(activation(c)(y), ("batch", "length", "mlp"))  # [B, L, I]
+        y = nn.with_logical_constraint(dense_activation(c, "intermediate", x), ("batch", "length", "mlp"))  # [B, L, I]
         y, y_bias = SplitDense(c, c.hidden_size, ("mlp", "embed"), name="output")(y)
         x = dropout_add_layer_norm(c, "output_LayerNorm", y, y_bias, x, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))

@@ -41,6 +41,9 @@ class Kernels:
         the dropout mask that
         `dropout` draws from the same seeds (`bert_jax.model.kernels.dropout.keep_mask` for [B, L, D]); taken
         where the compute dtype is bfloat16 or float16, as the fused attention.
+      bias_gelu: None (the feed-forward block's Dense adds its bias, then `gelu`), or (x [..., I] the dense layer's
+        product in the compute dtype, bias [I]) -> gelu(x + bias) in x's dtype, the gradients of x and bias; taken
+        for hidden_act "gelu" where the compute dtype is bfloat16 or float16.
     """
 
     name: str
@@ -53,6 +56,7 @@ class Kernels:
     attention_dropout: bool = False
     attention_bias: bool = False
     dropout_add_layer_norm: Callable | None = None
+    bias_gelu: Callable | None = None
 
 
 # The mesh axes a kernel that runs per device (Pallas) splits the batch and the heads over (`bert_jax.training.sharding`'s

@@ -1,9 +1,8 @@
 """The "gpu" kernel set: the reference forms with the hashed dropout, and fused attention where it applies.
 
-The GELU stays the reference's: a recomputing form (xla_cpu's, the tpu set's, or one that also adds the dense layer's
-bias) keeps a bfloat16 input instead of autodiff's float32 intermediates, fewer HBM bytes per step, but XLA's
-rematerialisation then no longer fits BERT-Large's packed phase 2 into an 80 GB GPU (benchmarks/README.md).
-
+  bias_gelu   the feed-forward block's GELU(x + bias) as one elementwise pass whose gradient recomputes the sum and
+              Phi from the dense layer's bfloat16 product x and the bias: no float32 copy of the [B, L, I] activation
+              is written for the backward pass (autodiff's reference GELU keeps one).
   dropout     `bert_jax.model.kernels.dropout.HashedDropout`: two random words per call, each element's keep bit
               a hash of its index, instead of one threefry draw per element.
   dropout_add_layer_norm
@@ -38,7 +37,7 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.model.kernels import dropout, flash_gpu, layer_norm_gpu, reference
+from bert_jax.model.kernels import dropout, flash_gpu, layer_norm_gpu, reference, xla_cpu
 from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
@@ -120,6 +119,29 @@ def dropout_add_layer_norm(x: jax.Array, residual: jax.Array, scale: jax.Array, 
                                                  batch_axes=BATCH_AXES)
 
 
+@jax.custom_vjp
+def bias_gelu(x: jax.Array, bias: jax.Array) -> jax.Array:
+    """Exact GELU of x + bias: x [..., I] a dense layer's product in the compute dtype, bias [I] (its parameter, any
+    float dtype) -> [..., I] in x's dtype, the sum rounded to x's dtype and the GELU computed in float32 (the value
+    of flax Dense's bias add and `reference.gelu`). The gradient keeps x and bias only and recomputes the rest:
+    d x = g * GELU'(x + bias), d bias = d x summed over the leading axes (float32, in bias's dtype)."""
+    return reference.gelu((x + bias.astype(x.dtype)).astype(x.dtype))
+
+
+def _bias_gelu_fwd(x, bias):
+    return bias_gelu(x, bias), (x, bias)
+
+
+def _bias_gelu_bwd(saved, g):
+    x, bias = saved
+    h32 = (x + bias.astype(x.dtype)).astype(x.dtype).astype(jnp.float32)
+    dx = (g.astype(jnp.float32) * xla_cpu.gelu_derivative(h32)).astype(x.dtype)
+    return dx, jnp.sum(dx.astype(jnp.float32), axis=tuple(range(x.ndim - 1))).astype(bias.dtype)
+
+
+bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
+
+
 KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
                               attention_applies=applies, attention_dropout=True, attention_bias=True,
-                              dropout_add_layer_norm=dropout_add_layer_norm)
+                              dropout_add_layer_norm=dropout_add_layer_norm, bias_gelu=bias_gelu)

@@ -41,10 +41,14 @@ def _gelu_fwd(x):
     return gelu(x), x
 
 
+def gelu_derivative(x32: Array) -> Array:
+    """d GELU / dx = Phi(x) + x phi(x) of float32 x (any shape), float32."""
+    return _normal_cdf(x32) + x32 * (jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI)
+
+
 def _gelu_bwd(x, g):
     x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)  # recompute erf here, not share it
-    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
-    return ((g.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
+    return ((g.astype(jnp.float32) * gelu_derivative(x32)).astype(x.dtype),)
 
 
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
