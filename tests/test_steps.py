@@ -23,13 +23,15 @@ from conftest import SMALL_VOCAB_SIZE
 @pytest.fixture(scope="module")
 def two_phase_run(small_instances, tmp_path_factory):
     """A 4-step, two-phase run of the tiny config with grad_accum_steps=2 on 8 devices (batches of 16: one
-    row per device in each micro-batch), the Program `train` built for it captured."""
+    row per device in each micro-batch) but the second phase's own grad_accum_steps=1, the Program `train` built
+    for it captured."""
     config = pretrain.get_config("tiny")
     config.model.vocab_size = SMALL_VOCAB_SIZE
     config.phases[0].data_dir, config.phases[1].data_dir = str(small_instances / "p1"), str(small_instances / "p2")
     config.phases[0].batch_size = config.phases[1].batch_size = 16
     config.phases[0].fraction = config.phases[1].fraction = 0.5
     config.total_steps, config.warmup_steps, config.grad_accum_steps = 4, 2, 2
+    config.phases[1].grad_accum_steps = 1
     config.log_every, config.checkpoint_every = 2, 100
     built = []
     original = pretraining.build
@@ -45,32 +47,37 @@ def two_phase_run(small_instances, tmp_path_factory):
 @pytest.mark.slow
 def test_train_step_compiles_once_per_phase(two_phase_run):
     _, program = two_phase_run
-    assert program.train_step._cache_size() == 2  # phase 1 (length 64) and phase 2 (length 128), 2 steps each
+    # phase 1 (length 64, 2 micro-batches: config.grad_accum_steps) and phase 2 (length 128, its own 1), 2 steps each
+    assert program.train_steps.keys() == {1, 2} and program.train_steps[2] is program.train_step
+    assert program.train_steps[2]._cache_size() == 1 and program.train_steps[1]._cache_size() == 1
 
 
 def test_aot_lowers_the_program_train_runs(two_phase_run):
-    """With grad_accum_steps=2, the step aot compiles (here for the CPU devices) and the step the run
-    above dispatched lower to the same StableHLO, for each phase, from a real batch and the real state's
+    """The step aot compiles (here for the CPU devices) and the step the run above dispatched lower to the same
+    StableHLO, for each phase with its own number of micro-batches (2, then 1), from a real batch and the real state's
     shardings."""
     config, program = two_phase_run
     mesh = steps.make_mesh(config.mesh)
     state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                    program.abstract, program.shardings)
+    texts = []
     for phase in pretraining.resolve_phases(config):
         it = pretraining.iterator(phase, config, None)
         batch = pretraining.global_batch(next(it), mesh)
         it.close()
         with jax.set_mesh(mesh):
-            ran = program.train_step.lower(state, batch).as_text()
+            ran = program.step_for(phase).lower(state, batch).as_text()
         lowered, aot_mesh = aot.lower_phase(config, jax.devices(), phase)
         assert aot_mesh.devices.tolist() == mesh.devices.tolist()
         compiled = lowered.as_text()
-        assert "stablehlo.while" in compiled  # the accumulation loop is in it
+        # phase 0's input_ids as 2 micro-batches of 8 rows (`steps._accumulate`); phase 1's whole batch of 16
+        assert (f"tensor<2x8x{phase.max_seq_length}xi32>" in compiled) == (phase.index == 0)
         assert compiled == ran, f"phase {phase.index}: aot's program differs from the one train runs"
+        texts.append(ran)
     # Without accumulation the program is a different one: the comparison above can fail.
     config = config.copy_and_resolve_references()
     config.grad_accum_steps = 1
-    assert aot.lower_phase(config, jax.devices(), pretraining.resolve_phases(config)[0])[0].as_text() != ran
+    assert aot.lower_phase(config, jax.devices(), pretraining.resolve_phases(config)[0])[0].as_text() != texts[0]
 
 
 def test_mesh_from_a_fine_tuning_config_takes_presets():

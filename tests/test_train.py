@@ -186,6 +186,11 @@ def test_config_errors_before_compiling(instances, tmp_path):
     assert "does not split into grad_accum_steps=3 micro-batches" in error(bad)
     bad = _config(instances, grad_accum_steps=0)
     assert "config.grad_accum_steps=0 must be at least 1" in error(bad)
+    bad = _config(instances)
+    bad.phases[1].grad_accum_steps = 3  # a phase's own
+    assert "config.phases[1].batch_size=8 does not split into grad_accum_steps=3 micro-batches" in error(bad)
+    bad.phases[1].grad_accum_steps = -1
+    assert "config.phases[1].grad_accum_steps=-1 must be >= 0 (0: config.grad_accum_steps)" in error(bad)
     bad = _config(instances, eval_data_dir="/nonexistent/eval")
     assert "config.eval_data_dir='/nonexistent/eval': no metadata.json" in error(bad, FileNotFoundError)
     for field in ("log_every", "checkpoint_every", "eval_every", "keep_checkpoints"):

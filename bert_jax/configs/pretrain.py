@@ -77,6 +77,7 @@ def phase(max_seq_length: int, max_predictions_per_seq: int, fraction: float, da
         # With packing and tokenized documents: rows with >= 32 free tokens get instances drawn to fit
         # (bert_jax.data.pretraining.dynamic.FillRows: short documents leave gaps that no instance of the stream fills).
         fill_rows=True,
+        grad_accum_steps=0,  # micro-batches per optimizer step in this phase (0: config.grad_accum_steps)
     ))
 
 
@@ -105,7 +106,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # MLM output bias at the start: "zeros" (original) or "log_prior", the log unigram distribution of
     # the first phase's masked targets (the head starts at the context-free optimum; docs/transfer-findings.md)
     config.mlm_bias_init = "zeros"
-    config.grad_accum_steps = 1  # micro-batches per optimizer step
+    config.grad_accum_steps = 1  # micro-batches per optimizer step (a phase's own grad_accum_steps overrides it)
     # Two phases in one run (paper, appendix A.2): length 128 for 90% of the steps, then 512 for 10%.
     config.phases = [phase(128, 20, 0.9, "data/phase1", 256), phase(512, 80, 0.1, "data/phase2", 256)]
     # grain worker processes per host decoding instances, or drawing them from tokenized documents (0: the

@@ -16,11 +16,12 @@ prints per phase:
   - HBM bytes per step: on TPUs XLA's "bytes accessed"; on both, the kernels' operands and results
     (`program_stats`), by kind of kernel (Pallas / Triton calls, cuBLAS and Triton GEMMs, fusions, copies), by
     pass (forward, backward, update) and, on TPUs, by memory space;
+  - the kernels XLA's rematerialisation recomputes to fit the memory, where there are any;
   - a roofline bound, not a measurement: compute time (model FLOPs / peak) and memory time (bytes / HBM
     bandwidth); MFU at most compute / max(compute, memory) when the two fully overlap, compute / (compute +
     memory) when they do not overlap at all.
-Exit status 1 when a phase does not fit, with one line naming what to change (a grad_accum_steps estimated
-to fit is compiled and checked first).
+Exit status 1 when a phase does not fit, with one line naming what to change (the phase's grad_accum_steps
+estimated to fit is compiled and checked first).
 
 `--topology` names the target (`targets.target`): a TPU slice as bert_jax or gcloud names it (v5litepod-16 is
 v5e-16), the value of `launch/tpu_vm_pod.sh --accelerator_type`, or a GPU machine `[HOSTSx][Nx]GPU` (h100, 8xh100,
@@ -140,8 +141,9 @@ def print_phase(r: PhaseReport, target: targets.Target, budget: float, verbose: 
     bytes_line = (f"HBM bytes accessed {r.xla_bytes / 1e9:.2f} GB (XLA's count); kernels' operands and results "
                   f"{_gb(stats.hbm_bytes)}" if r.xla_bytes is not None else
                   f"HBM bytes (kernels' operands and results) {_gb(stats.hbm_bytes)}")
+    micro = f" in {p.grad_accum_steps} micro-batches" if p.grad_accum_steps > 1 else ""
     print(f"  phase {p.index} (length {p.max_seq_length}, {p.max_predictions_per_seq} predictions, batch "
-          f"{p.batch_size}{', packed' if p.packing else ''}, {steps_n} steps): memory/device args "
+          f"{p.batch_size}{micro}{', packed' if p.packing else ''}, {steps_n} steps): memory/device args "
           f"{mem.argument_size_in_bytes / GIB:.2f} + temp {mem.temp_size_in_bytes / GIB:.2f} + out "
           f"{mem.output_size_in_bytes / GIB:.2f} - aliased {mem.alias_size_in_bytes / GIB:.2f} = "
           f"{r.needed / GIB:.2f} GiB of {budget / GIB:.2f} ({fits}); FLOPs/device {xla}; {bytes_line}; "
@@ -152,6 +154,11 @@ def print_phase(r: PhaseReport, target: targets.Target, budget: float, verbose: 
         kinds += f", {len(table) - 6} other kinds {sum(n for _, (n, _b) in table[6:])} ({_gb(sum(b for _, (_n, b) in table[6:]))})"
     passes = ", ".join(f"{name} {n} ({_gb(b)})" for name, (n, b) in stats.by("phase").items())
     print(f"    kernels per step {stats.kernel_launches}: {kinds}")
+    recomputed, gemms = stats.recomputed()
+    if recomputed:
+        print(f"    recomputed by XLA to fit the memory (rematerialisation): {recomputed} kernels, {gemms} of them matrix "
+              f"multiplications, FLOPs the model's count leaves out (fewer rows per micro-batch avoid them: "
+              f"'--config.phases[{p.index}].grad_accum_steps')")
     print(f"    by pass: {passes}")
     spaces = stats.bytes_by_space()
     if len(spaces) > 1:
@@ -210,14 +217,14 @@ def report(config, topology_name: str, verbose: bool = False) -> bool:
     print(f"  roofline for the whole schedule ({config.total_steps} steps): {total_seconds / 86400:.2f} days")
     if failing is not None:
         phase, r, compiled = failing
-        accumulation = memory.accumulation_estimate(compiled, budget, phase.batch_size, config.grad_accum_steps,
+        accumulation = memory.accumulation_estimate(compiled, budget, phase.batch_size, phase.grad_accum_steps,
                                                     mesh_shape[0] * mesh_shape[1])
         if accumulation:
             trial = config.copy_and_resolve_references()
-            trial.grad_accum_steps = accumulation
-            again, _ = analyze_phase(trial, devices, phase)
-            print(f"  phase {phase.index} with --config.grad_accum_steps={accumulation}: {again.needed / GIB:.2f} GiB "
-                  f"({'fits' if again.needed <= budget else 'DOES NOT FIT'})")
+            trial.phases[phase.index].grad_accum_steps = accumulation
+            again, _ = analyze_phase(trial, devices, dataclasses.replace(phase, grad_accum_steps=accumulation))
+            print(f"  phase {phase.index} with '--config.phases[{phase.index}].grad_accum_steps={accumulation}': "
+                  f"{again.needed / GIB:.2f} GiB ({'fits' if again.needed <= budget else 'DOES NOT FIT'})")
             accumulation = accumulation if again.needed <= budget else None
         print(f"aot: {memory.does_not_fit(phase, r.needed, budget, source, accumulation)}", file=sys.stderr)
     return fits

@@ -72,6 +72,7 @@ class Phase:
     packing: bool = False  # several instances per row (bert_jax.data.pretraining.packing)
     max_instances: int = 0  # K, instances per packed row (0: packing.default_max_instances)
     fill_rows: bool = True  # packed rows of tokenized documents: free room filled (bert_jax.data.pretraining.dynamic.FillRows)
+    grad_accum_steps: int = 1  # micro-batches per step: the phase's own, else config.grad_accum_steps
     # The masking (`procedure.MASKING_FIELDS`): tokenized documents are drawn with it, static data must hold it.
     masked_lm_prob: float = 0.15
     do_whole_word_mask: bool = False
@@ -109,6 +110,9 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
                              f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
         if p.get("max_instances", 0) < 0:
             raise ValueError(f"config.phases[{i}].max_instances={p.max_instances} must be >= 0 (0: the default)")
+        if p.get("grad_accum_steps", 0) < 0:
+            raise ValueError(f"config.phases[{i}].grad_accum_steps={p.grad_accum_steps} must be >= 0 "
+                             "(0: config.grad_accum_steps)")
         masking = {name: p.get(name, getattr(procedure.InstanceOptions, name)) for name in procedure.MASKING_FIELDS}
         try:
             procedure.InstanceOptions(max_seq_length=p.max_seq_length,
@@ -117,7 +121,8 @@ def resolve_phases(config: ml_collections.ConfigDict) -> list[Phase]:
             raise ValueError(f"config.phases[{i}].{e}") from None
         phases.append(Phase(i, start, end, p.max_seq_length, p.max_predictions_per_seq, p.batch_size, p.data_dir,
                             bool(p.get("packing", False)), int(p.get("max_instances", 0)),
-                            bool(p.get("fill_rows", True)), **masking))
+                            bool(p.get("fill_rows", True)),
+                            int(p.get("grad_accum_steps", 0) or config.get("grad_accum_steps", 1)), **masking))
         start = end
     return phases
 
@@ -143,10 +148,10 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, need
     metadata = []
     for p in phases:
         sharding.check_batch(p.batch_size, mesh)
-        if p.batch_size % config.grad_accum_steps or \
-                (p.batch_size // config.grad_accum_steps) % sharding.batch_axis_size(mesh):
+        if p.batch_size % p.grad_accum_steps or \
+                (p.batch_size // p.grad_accum_steps) % sharding.batch_axis_size(mesh):
             raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} does not split into "
-                             f"grad_accum_steps={config.grad_accum_steps} micro-batches divisible by "
+                             f"grad_accum_steps={p.grad_accum_steps} micro-batches divisible by "
                              f"data*fsdp={sharding.batch_axis_size(mesh)}")
         if p.batch_size % jax.process_count():
             raise ValueError(f"config.phases[{p.index}].batch_size={p.batch_size} is not divisible by the "
@@ -275,7 +280,8 @@ def compile_steps(model, tx, schedule, mesh, shardings, grad_accum_steps: int = 
 class Program:
     """What a pre-training run compiles on its mesh: the model, optimizer and schedule, the state's
     abstract tree (ShapeDtypeStructs) and NamedShardings, and the jitted `train_step` / `eval_step` of
-    `compile_steps` (with config.grad_accum_steps). `aot` lowers this same `train_step`."""
+    `compile_steps` (with config.grad_accum_steps), and `train_steps` {micro-batches: jitted train step} for every
+    phase's grad_accum_steps (`step_for`). `aot` lowers these same steps."""
 
     model: modeling.BertForPreTraining
     tx: optax.GradientTransformation
@@ -284,6 +290,11 @@ class Program:
     shardings: Any
     train_step: Callable
     eval_step: Callable
+    train_steps: dict[int, Callable] = dataclasses.field(default_factory=dict)
+
+    def step_for(self, phase: Phase) -> Callable:
+        """The jitted train step of `phase`'s grad_accum_steps micro-batches."""
+        return self.train_steps.get(phase.grad_accum_steps, self.train_step)
 
 
 def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program:
@@ -298,17 +309,22 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     abstract, shardings = steps.state_shardings(state_init(model, tx, config.seed), mesh)
     sharding.check_divisible(abstract, shardings)
     step, evaluate = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
-    return Program(model, tx, schedule, abstract, shardings, step, evaluate)
+    per_phase = {config.grad_accum_steps: step}
+    for phase in resolve_phases(config):
+        if phase.grad_accum_steps not in per_phase:
+            per_phase[phase.grad_accum_steps] = compile_steps(model, tx, schedule, mesh, shardings,
+                                                              phase.grad_accum_steps)[0]
+    return Program(model, tx, schedule, abstract, shardings, step, evaluate, per_phase)
 
 
 def lower_step(program: Program, mesh: jax.sharding.Mesh, phase: Phase) -> jax.stages.Lowered:
-    """`program.train_step` lowered for `phase`'s batches (`batch_shapes`, sharded over (data, fsdp)) and the
+    """`program.step_for(phase)` lowered for `phase`'s batches (`batch_shapes`, sharded over (data, fsdp)) and the
     state's abstract tree: what a run's first step of that phase compiles (`aot` compiles the same)."""
     state = checkpointing.abstract_like(program.abstract, program.shardings)
     batch = {k: jax.ShapeDtypeStruct(s, dtype, sharding=sharding.batch_sharding(mesh, len(s)))
              for k, (s, dtype) in batch_shapes(phase).items()}
     with jax.set_mesh(mesh):
-        return program.train_step.lower(state, batch)
+        return program.step_for(phase).lower(state, batch)
 
 
 def compile_phases(config, program: Program, mesh: jax.sharding.Mesh, phases: list[Phase]) -> dict[int, Callable]:
@@ -329,7 +345,7 @@ def compile_phases(config, program: Program, mesh: jax.sharding.Mesh, phases: li
             step = lower_step(program, mesh, phase).compile()
         needed = memory.needed_bytes(step)
         if budget is not None and needed > budget:
-            accumulation = memory.accumulation_estimate(step, budget, phase.batch_size, config.grad_accum_steps,
+            accumulation = memory.accumulation_estimate(step, budget, phase.batch_size, phase.grad_accum_steps,
                                                         sharding.batch_axis_size(mesh))
             raise ValueError(memory.does_not_fit(phase, needed, budget, source, accumulation))
         compiled[phase.index] = step
@@ -515,7 +531,7 @@ class _Run:
                     self.runner.recompiling()
             batch = global_batch(next(self.iterator), self.mesh)
             self.rollbacks.drew()
-            yield self.steps.get(self.phase.index, self.program.train_step), batch
+            yield self.steps.get(self.phase.index) or self.program.step_for(self.phase), batch
 
     def log(self, step: int, values: dict[str, float], lap: steps.Lap) -> dict[str, str]:
         """Writes the step's metrics with the window's throughput (sequences, tokens, MFU) as "train"."""

@@ -52,9 +52,10 @@ def accumulation_estimate(compiled, budget: float, batch_size: int, grad_accum_s
 
 
 def does_not_fit(phase, needed: float, budget: float, source: str, accumulation: int | None) -> str:
-    """The one line saying a phase's step does not fit and what to change: grad_accum_steps (the estimate of
+    """The one line saying a phase's step does not fit and what to change: the phase's grad_accum_steps (the estimate of
     `accumulation_estimate`, where there is one), remat_policy, the phase's batch size."""
-    fix = f"--config.grad_accum_steps={accumulation} (estimated to fit), " if accumulation else ""
+    fix = (f"'--config.phases[{phase.index}].grad_accum_steps={accumulation}' (estimated to fit), "
+           if accumulation else "")
     return (f"phase {phase.index} (batch {phase.batch_size} x {phase.max_seq_length}"
             f"{', packed' if phase.packing else ''}) needs {needed / GIB:.2f} GiB per device, more than the "
             f"{budget / GIB:.2f} GiB it may use ({source}): set {fix}--config.model.remat_policy=dots, or a smaller "

@@ -35,6 +35,7 @@ COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "opt-barrier", "partition-id",
         "replica-id", "add-dependency", "domain", "iota"}
 NESTED = {"while", "call", "conditional"}
+GEMM_KINDS = {"cublas_gemm", "triton_gemm", "cudnn_gemm"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,14 @@ class ProgramStats:
             for space, nbytes in k.bytes_by_space.items():
                 total[space] += nbytes * k.count
         return dict(sorted(total.items()))
+
+    def recomputed(self) -> tuple[int, int]:
+        """(kernels, matrix multiplications among them) per step that XLA's rematerialisation added to fit the memory
+        it was given: instructions it cloned, named "<original>.remat" (its `HloRematerialization` pass). A GEMM among
+        them is FLOPs the model does not count."""
+        kernels = [k for k in self.kernels if ".remat" in k.name]
+        gemms = sum(k.count for k in kernels if k.kind in GEMM_KINDS or k.dot_dtypes)
+        return sum(k.count for k in kernels), gemms
 
     def count(self, kind: str) -> int:
         """Kernels per step of one kind (`kind_of`), e.g. "pallas" for Pallas / Triton custom calls."""
