@@ -86,16 +86,18 @@ def test_token_major_layout_equals_heads_major(dtype, rate):
     for name, a, b in zip(("context", "dq", "dk", "dv"), run("BNLH"), run("BLNH")):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-6,
                                    err_msg=name)
-    with pytest.raises(ValueError, match="^flash attention's layout is 'BNLH' or 'BLNH', got 'NLH'$"):
+    with pytest.raises(ValueError, match="^flash attention's layout is 'BNLH', 'BLNH' or 'BL3NH', got 'NLH'$"):
         flash_gpu.attention(q, k, v, segments, layout="NLH", interpret=True)
 
 
-@pytest.mark.parametrize("dtype,layout,head", [("float32", "BLNH", 32), ("bfloat16", "BNLH", 24)])
+@pytest.mark.parametrize("dtype,layout,head", [("float32", "BLNH", 32), ("bfloat16", "BNLH", 24),
+                                               ("float32", "BL3NH", 32), ("bfloat16", "BL3NH", 24)])
 def test_biases_and_scale_applied_on_load_equal_the_unfused_projections(dtype, layout, head):
     """bias=(b_q, b_k, b_v), scale=s gives the context of the reference on q = (query + b_q) * s, k = key + b_k,
     v = value + b_v (each rounded to the dtype, as the model's bias add and division), with dropout; the gradients
     of query, key, value and the three biases equal autodiff of that composition (a bias's: its projection's summed
-    over the batch and the tokens). H = 24 pads the biases with the head."""
+    over the batch and the tokens). H = 24 pads the biases with the head. "BL3NH" takes the three projections as
+    one [B, L, 3, N, H] array (slots key, value, query) and returns its gradient as one, each slot in its place."""
     dtype = jnp.dtype(dtype)
     q, k, v, weight = _inputs(dtype, head=head)
     biases = tuple(jax.random.normal(jax.random.key(10 + i), (N, head)) for i in range(3))
@@ -104,9 +106,13 @@ def test_biases_and_scale_applied_on_load_equal_the_unfused_projections(dtype, l
     swap = (lambda x: x) if layout == "BNLH" else (lambda x: jnp.swapaxes(x, 1, 2))
 
     def fused(q, k, v, bq, bk, bv):
-        return swap(flash_gpu.attention(swap(q), swap(k), swap(v), segments, dropout_rate=0.1,
-                                        seed=flash_gpu.seeds(rng), block_q=32, block_k=16, interpret=True,
-                                        layout=layout, bias=(bq, bk, bv), scale=scale))
+        options = dict(dropout_rate=0.1, seed=flash_gpu.seeds(rng), block_q=32, block_k=16, interpret=True,
+                       layout=layout, bias=(bq, bk, bv), scale=scale)
+        if layout == "BL3NH":
+            slots = sorted(flash_gpu.PACKED_SLOTS, key=flash_gpu.PACKED_SLOTS.get)
+            packed = jnp.stack([jnp.swapaxes(dict(query=q, key=k, value=v)[name], 1, 2) for name in slots], axis=2)
+            return jnp.swapaxes(flash_gpu.attention(packed, None, None, segments, **options), 1, 2)
+        return swap(flash_gpu.attention(swap(q), swap(k), swap(v), segments, **options))
 
     def unfused(q, k, v, bq, bk, bv):
         add = lambda x, b: (x + b[None, :, None, :].astype(dtype)).astype(dtype)  # noqa: E731
@@ -126,6 +132,8 @@ def test_biases_and_scale_applied_on_load_equal_the_unfused_projections(dtype, l
         np.testing.assert_allclose(g / scale, w / scale, rtol=0, atol=tol, err_msg=name)
     with pytest.raises(ValueError, match=r"^flash attention needs three biases \[N, H\] = \(2, "):
         flash_gpu.attention(q, k, v, segments, bias=biases[:2], interpret=True)
+    with pytest.raises(ValueError, match=r"^flash attention's layout 'BL3NH' takes one \[B, L, 3, N, H\] array"):
+        flash_gpu.attention(q, k, v, segments, layout="BL3NH", interpret=True)
 
 
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k"))

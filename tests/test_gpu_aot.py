@@ -57,7 +57,8 @@ def test_compile_only_devices_are_the_named_gpus():
 
 def test_program_stats_counts_hand_computed_programs():
     """On this CPU's own compiler: y = 2x + 1 over f32[1024] is one kernel reading and writing 4 KiB; the same in
-    a fori_loop of 5 trips runs its body's kernel 5 times; a gradient's kernel is attributed to the backward pass."""
+    a fori_loop of 5 trips runs its body's kernel 5 times; a gradient's kernel is attributed to the backward pass.
+    A hand-written module: an operand given twice counts once, an aliased one as the output."""
     x = jnp.zeros(1024, jnp.float32)
     stats = program_stats.analyze(jax.jit(lambda x: 2 * x + 1).lower(x).compile().as_text())
     assert (stats.kernel_launches, stats.hbm_bytes) == (1, 8192)
@@ -75,6 +76,15 @@ def test_program_stats_counts_hand_computed_programs():
         program_stats.Array("bf16", (8, 128), 2048, 0), program_stats.Array("f32", (8,), 32, 1)]
     with pytest.raises(ValueError, match="no ENTRY computation"):
         program_stats.analyze("not hlo")
+    # A Pallas call given one buffer twice reads it once; the operand its output aliases is the output, written.
+    module = """HloModule m
+ENTRY %main (p: f32[256], q: f32[256]) -> f32[256] {
+  %p = f32[256]{0} parameter(0)
+  %q = f32[256]{0} parameter(1)
+  ROOT %c = f32[256]{0} custom-call(%p, %p, %q), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (2, {})}
+}"""
+    stats = program_stats.analyze(module)
+    assert (stats.kernel_launches, stats.hbm_bytes, stats.count("pallas")) == (1, 2048, 1)
 
 
 def _mini(batch_size: int):
@@ -111,7 +121,8 @@ def test_mini_train_step_on_h100_holds_flash_attention_and_no_float32_dot():
 @pytest.mark.parametrize("length", [128, 512])
 def test_flash_gpu_kernels_compile_for_sm90_at_every_block(length):
     """flash_gpu's forward and both backward kernels, with dropout, lower through Triton and compile for sm_90 at
-    every block `check` admits on a GPU (powers of two from 16 dividing the length, up to 128)."""
+    every block `check` admits on a GPU (powers of two from 16 dividing the length, up to 128), and in the packed
+    layout with the projections' biases at the default block."""
     device = targets.target("h100").devices()[0]
     sharded = jax.sharding.SingleDeviceSharding(device)
     shape = (2, 2, length, 64)
@@ -128,6 +139,17 @@ def test_flash_gpu_kernels_compile_for_sm90_at_every_block(length):
 
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q, seg, seed).compile().as_text()
         assert program_stats.analyze(text).count("pallas") == 3, block
+    # The packed projections with their biases (what the gpu set calls), the dk / dv kernel writing in place.
+    packed = jax.ShapeDtypeStruct((2, length, 3, 2, 64), jnp.bfloat16, sharding=sharded)
+    bias = jax.ShapeDtypeStruct((2, 64), jnp.float32, sharding=sharded)
+
+    def packed_loss(packed, bq, bk, bv, seg, seed):
+        out = flash_gpu.attention(packed, None, None, seg, dropout_rate=0.1, seed=seed, layout="BL3NH",
+                                  bias=(bq, bk, bv), scale=0.125)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = jax.jit(jax.grad(packed_loss, argnums=(0, 1, 2, 3))).lower(packed, bias, bias, bias, seg, seed).compile()
+    assert program_stats.analyze(text.as_text()).count("pallas") == 3
 
 
 @pytest.mark.parametrize("hidden", [768, 1024])

@@ -31,7 +31,7 @@ def test_auto_is_xla_cpu_on_the_cpu_tpu_on_a_tpu_gpu_on_a_gpu_reference_elsewher
     # The gpu set: the reference forms, the hashed dropout and the fused attention where it applies, nothing else.
     assert gpu.KERNELS.dropout is hashed.HashedDropout
     assert dataclasses.replace(gpu.KERNELS, name="reference", attention=None, attention_applies=None,
-                               attention_dropout=False, attention_bias=False, dropout=nn.Dropout, bias_gelu=None,
+                               attention_dropout=False, attention_packed=False, dropout=nn.Dropout, bias_gelu=None,
                                dropout_add_layer_norm=None) == reference.KERNELS
     tpu = kernels.get("auto", "tpu")  # the reference forms with xla_cpu's GELU, nothing else
     assert tpu.name == "tpu" and tpu.gelu is xla_cpu.gelu

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 # BERT_CONFIG_FIELDS and BertConfig re-exported: the model's config, importable with the model
 from bert_jax.model.bert_config import BERT_CONFIG_FIELDS, BertConfig, REMAT_POLICIES  # noqa: F401
+from bert_jax.model.kernels.base import PACKED_SLOTS
 from bert_jax.model.kernels.dropout import seeds as dropout_seeds
 from bert_jax.model.layers import (AttentionMask, SplitDense, activation, dense, dense_activation, dropout,
                                    dropout_add_layer_norm, gather_positions, initializer, kernel_set, layer_norm, param)
@@ -322,23 +323,28 @@ class BertSelfAttention(nn.Module):
         dtype = jnp.dtype(c.dtype)
         n, h, d = c.num_attention_heads, c.head_size, c.hidden_size
         op = AttentionOp(c, name="op")
-        takes_bias = op.takes_bias(x.shape[1], deterministic)  # the kernel adds the biases as it loads the tiles
+        weights = {name: (param(self, f"{name}_kernel", initializer(c), (d, n, h), ("embed", "heads", "kv")),
+                          param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv")))
+                   for name in ("query", "key", "value")}
+        if op.takes_packed(x.shape[1], deterministic):
+            # One matrix product for the three projections, their biases and the query's scale left to the kernel.
+            kernel = jnp.stack([weights[name][0].astype(dtype) for name in PACKED_SLOTS], axis=1)  # [D, 3, N, H]
+            packed = jnp.dot(x.reshape(-1, d).astype(dtype), kernel.reshape(d, 3 * n * h))
+            packed = nn.with_logical_constraint(packed.reshape(x.shape[0], x.shape[1], 3, n, h),
+                                                ("batch", "length", None, "heads", "kv"))
+            context = op(packed, None, None, mask, deterministic, positions,
+                         tuple(weights[name][1] for name in ("query", "key", "value")))  # [B, Q, N, H]
+        else:
+            # Kernels are [D, N, H] (heads on their own logical axis), multiplied as their free [D, N*H]
+            # view over the flattened tokens, then one transpose to heads-major [B, N, L, H].
+            def project(name, inputs):
+                kernel, bias = weights[name]
+                y = jnp.dot(inputs.reshape(-1, d).astype(dtype), kernel.reshape(d, n * h).astype(dtype))
+                y = (y + bias.reshape(n * h).astype(dtype)).reshape(inputs.shape[0], inputs.shape[1], n, h)
+                return nn.with_logical_constraint(y.transpose(0, 2, 1, 3), ("batch", "heads", "length", "kv"))
 
-        # Kernels are [D, N, H] (heads on their own logical axis), multiplied as their free [D, N*H]
-        # view over the flattened tokens, then one transpose to heads-major [B, N, L, H].
-        def project(name, inputs):
-            tokens = inputs.reshape(-1, d).astype(dtype)  # [B*L, D]
-            kernel = param(self, f"{name}_kernel", initializer(c), (d, n, h), ("embed", "heads", "kv"))
-            bias = param(self, f"{name}_bias", nn.initializers.zeros, (n, h), ("heads", "kv"))
-            y = jnp.dot(tokens, kernel.reshape(d, n * h).astype(dtype))
-            y = y if takes_bias else y + bias.reshape(n * h).astype(dtype)
-            y = y.reshape(inputs.shape[0], inputs.shape[1], n, h).transpose(0, 2, 1, 3)
-            return nn.with_logical_constraint(y, ("batch", "heads", "length", "kv")), bias
-
-        (query, q_bias), (key, k_bias), (value, v_bias) = (
-            project("query", op.queries(x, positions, deterministic)), project("key", x), project("value", x))
-        context = op(query, key, value, mask, deterministic, positions,
-                     (q_bias, k_bias, v_bias) if takes_bias else None)  # [B, Q, N, H]
+            context = op(project("query", op.queries(x, positions, deterministic)), project("key", x),
+                         project("value", x), mask, deterministic, positions)  # [B, Q, N, H]
         batch, rows = context.shape[:2]
         out_kernel = param(self, "output_kernel", initializer(c), (n, h, d), ("heads", "kv", "embed"))
         out_bias = param(self, "output_bias", nn.initializers.zeros, (d,), ("embed",))
@@ -369,10 +375,10 @@ class AttentionOp(nn.Module):
                              f"attention_probs_dropout_prob=0 (it is {c.attention_probs_dropout_prob})")
         return ops.attention
 
-    def takes_bias(self, length: int, deterministic: bool) -> bool:
-        """Whether the projections go in without their biases and unscaled: the kernel set's attention takes the layer
-        and adds them itself (`Kernels.attention_bias`)."""
-        return self._kernel(length, deterministic) is not None and kernel_set(self.config).attention_bias
+    def takes_packed(self, length: int, deterministic: bool) -> bool:
+        """Whether the projections go in as one packed array without their biases, the query unscaled: the kernel
+        set's attention takes the layer and adds them itself (`Kernels.attention_packed`)."""
+        return self._kernel(length, deterministic) is not None and kernel_set(self.config).attention_packed
 
     def queries(self, x: Array, positions: Array | None, deterministic: bool) -> Array:
         """The inputs of the query projection: x [B, L, D] at positions int32 [B, Q] ([B, Q, D]) when the
@@ -382,11 +388,11 @@ class AttentionOp(nn.Module):
         return gather_positions(x, positions)
 
     @nn.compact
-    def __call__(self, query: Array, key: Array, value: Array, mask: AttentionMask, deterministic: bool,
+    def __call__(self, query: Array, key: Array | None, value: Array | None, mask: AttentionMask, deterministic: bool,
                  positions: Array | None = None, bias: tuple[Array, Array, Array] | None = None) -> Array:
         """query [B, N, Q, H] (Q = L without positions), key and value [B, N, L, H] in config.dtype ->
-        context [B, Q, N, H] in config.dtype. bias: the three projections' biases [N, H], not yet added, where
-        `takes_bias` (the kernel adds them and scales the query); None: added.
+        context [B, Q, N, H] in config.dtype. Where `takes_packed`: query the packed projections [B, L, 3, N, H]
+        (slots `PACKED_SLOTS`), key and value None, bias the three biases [N, H] the kernel adds, scaling the query.
 
         Raises:
           ValueError: a kernel set whose attention draws no dropout (`Kernels.attention_dropout` False) taking
@@ -396,7 +402,7 @@ class AttentionOp(nn.Module):
         """
         c = self.config
         dtype, scale = jnp.dtype(c.dtype), math.sqrt(c.head_size)
-        kernel = self._kernel(key.shape[2], deterministic)
+        kernel = self._kernel(query.shape[1] if key is None else key.shape[2], deterministic)
         if kernel is not None:
             args = dict(bias=bias, scale=1.0 / scale) if bias is not None else {}
             query = query if bias is not None else (query / scale).astype(dtype)

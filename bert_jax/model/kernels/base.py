@@ -30,9 +30,11 @@ class Kernels:
       attention_applies: None (`attention` takes every layer, and a training pass with attention dropout is
         an error unless `attention_dropout`), or (compute dtype, head size H, length L, attention dropout
         active) -> whether `attention` takes the layer; where not, the model's own attention (the reference path).
-      attention_bias: `attention` also takes (..., bias=(query, key, value biases, [N, H] each), scale=s): the
-        projections without their biases and the query unscaled, context = attention((query + b_q) * s, key + b_k,
-        value + b_v), the biases' gradients returned (where the kernel takes the layer: `AttentionOp.takes_bias`).
+      attention_packed: `attention` also takes (packed, None, None, segment_ids, ..., bias=(query, key, value
+        biases, [N, H] each), scale=s): packed [B, L, 3, N, H] the three projections from one matrix product, slots
+        `PACKED_SLOTS`, without their biases and the query unscaled; context = attention((query + b_q) * s, key + b_k,
+        value + b_v) [B, N, L, H], the gradients of packed and the biases returned (where the kernel takes the
+        layer: `AttentionOp.takes_packed`).
       attention_dropout: `attention` draws the attention-probability dropout itself (the mask of
         `bert_jax.model.kernels.dropout.keep_mask` for the probabilities [B, N, L, L]).
       dropout_add_layer_norm: None (the model's dropout, add and flax LayerNorm), or (x [B, L, D] a sub-layer's
@@ -54,7 +56,7 @@ class Kernels:
     attention: Callable | None = None
     attention_applies: Callable[[Any, int, int, bool], bool] | None = None
     attention_dropout: bool = False
-    attention_bias: bool = False
+    attention_packed: bool = False
     dropout_add_layer_norm: Callable | None = None
     bias_gelu: Callable | None = None
 
@@ -63,3 +65,7 @@ class Kernels:
 # logical rules: "batch" -> ("data", "fsdp"), "heads" -> "tensor").
 BATCH_AXES = ("data", "fsdp")
 HEADS_AXIS = "tensor"
+
+# The slots of the packed projections ([B, L, 3, N, H], `Kernels.attention_packed`): key and value first, so that
+# flash_gpu's dk / dv kernel writes its two outputs as one block of the packed gradient.
+PACKED_SLOTS = ("key", "value", "query")

@@ -41,11 +41,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from bert_jax.model.kernels import dropout as hashed
+from bert_jax.model.kernels import base, dropout as hashed
 
 Array = jax.Array
 
 MAX_HEAD_SIZE = 128
+# The packed layout's slot of each projection along its third axis (`base.PACKED_SLOTS`: key, value, query).
+PACKED_SLOTS = {name: i for i, name in enumerate(base.PACKED_SLOTS)}
 DEFAULT_BLOCK = 64  # block_q = block_k, clipped to the length
 _MIN_GPU_BLOCK = 16  # Triton's dot needs M, N, K >= 16
 
@@ -78,6 +80,7 @@ class _Static:
     heads_major: bool  # q, k, v, o laid out [B, N, L, H]; False: [B, L, N, H]
     num_warps: int
     num_stages: int
+    packed: bool = False  # q, k, v one [B, L, 3, N, H] array (`PACKED_SLOTS`), o [B, L, N, H]
     biased: bool = False  # q, k, v biases [N, H] added on load
     scale: float = 1.0  # the biased query's factor (1 / sqrt(H) in BERT)
 
@@ -186,9 +189,10 @@ def _dq_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_ref
 
 
 def _dkv_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, *, static: _Static):
+                *out_refs, static: _Static):
     """One (b, n, key block): k_ref, v_ref [bk, H], q_ref, do_ref [L, H], lse_ref, delta_ref float32 [L]
-    -> dk_ref = sum over query blocks of dS^T Q, dv_ref = sum of P_d^T dO, [bk, H] each."""
+    -> dk = sum over query blocks of dS^T Q, dv = sum of P_d^T dO, [bk, H] each: out_refs (dk_ref, dv_ref), or packed
+    (the dq kernel's packed gradient, aliased, and its [bk, 2, H] block of key and value slots)."""
     b, n, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, length = static.block_q, static.block_k, q_ref.shape[0]
     k_start = j * bk
@@ -207,14 +211,20 @@ def _dkv_kernel(lead_ref, seed_ref, seg_ref, bq_ref, bk_ref, bv_ref, q_ref, k_re
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, length // bq, body, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    if static.packed:
+        dkv_ref = out_refs[1]
+        dkv_ref[:, PACKED_SLOTS["key"], :] = dk.astype(dkv_ref.dtype)
+        dkv_ref[:, PACKED_SLOTS["value"], :] = dv.astype(dkv_ref.dtype)
+    else:
+        dk_ref, dv_ref = out_refs
+        dk_ref[...] = dk.astype(dk_ref.dtype)
+        dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, name, *args):
+def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, name, *args, aliases=None):
     return pl.pallas_call(
         functools.partial(kernel, static=static), grid=grid, in_specs=in_specs, out_specs=out_specs,
-        out_shape=out_shape, interpret=static.interpret, name=name,
+        out_shape=out_shape, interpret=static.interpret, name=name, input_output_aliases=aliases or {},
         compiler_params=plgpu.CompilerParams(num_warps=static.num_warps, num_stages=static.num_stages),
     )(*args)
 
@@ -229,41 +239,63 @@ def _common_specs(batch: int, heads: int, length: int, head: int):
 
 
 def _dims(static: _Static, x: Array) -> tuple[int, int, int, int]:
-    """(B, N, L, H) of q, k, v or o in the call's layout."""
+    """(B, N, L, H) of q, k, v or o in the call's layout (a packed array's: [B, L, 3, N, H])."""
+    if x.ndim == 5:
+        return x.shape[0], x.shape[3], x.shape[1], x.shape[4]
     return x.shape if static.heads_major else (x.shape[0], x.shape[2], x.shape[1], x.shape[3])
 
 
-def _tile(static: _Static, rows: int, head: int, whole: bool = False) -> pl.BlockSpec:
+def _tile(static: _Static, rows: int, head: int, whole: bool = False, slot: str | None = None) -> pl.BlockSpec:
     """The [rows, H] block of (b, n) at row block i, for a (b, n, i) grid, in the call's layout; whole: the
-    whole [L, H] slice of (b, n) (rows = L) whatever i."""
+    whole [L, H] slice of (b, n) (rows = L) whatever i; slot: of a packed array, the query's, key's or value's."""
+    if slot is not None:
+        index = PACKED_SLOTS[slot]
+        return pl.BlockSpec((None, rows, None, None, head), lambda b, n, i: (b, 0 if whole else i, index, n, 0))
     if static.heads_major:
         return pl.BlockSpec((None, None, rows, head), lambda b, n, i: (b, n, 0 if whole else i, 0))
     return pl.BlockSpec((None, rows, None, head), lambda b, n, i: (b, 0 if whole else i, n, 0))
 
 
-def _forward(static: _Static, lead, seed, seg, biases, q, k, v):
-    batch, heads, length, head = _dims(static, q)
-    tile = lambda rows: _tile(static, rows, head)  # noqa: E731
-    whole = _tile(static, length, head, whole=True)
-    return _call(_forward_kernel, static, (batch, heads, length // static.block_q),
-                 _common_specs(batch, heads, length, head) + [tile(static.block_q), whole, whole],
-                 [tile(static.block_q), pl.BlockSpec((None, None, static.block_q), lambda b, n, i: (b, n, i))],
-                 [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
+def _operands(static: _Static, arrays: tuple, length: int, head: int, query_rows: int, key_rows: int | None):
+    """(q, k, v) and their BlockSpecs: the query's [query_rows, H] tile and the key's and value's [key_rows, H] tiles
+    (None: whole [L, H]) of the three arrays, or of the packed one's slots."""
+    def spec(rows, slot):
+        return _tile(static, length if rows is None else rows, head, whole=rows is None,
+                     slot=slot if static.packed else None)
+
+    return (arrays * 3 if static.packed else arrays), [spec(query_rows, "query"), spec(key_rows, "key"),
+                                                       spec(key_rows, "value")]
+
+
+def _context_shape(static: _Static, q: Array) -> jax.ShapeDtypeStruct:
+    """The context's shape: q's, [B, L, N, H] for a packed q."""
+    return jax.ShapeDtypeStruct(q.shape[:2] + q.shape[3:] if static.packed else q.shape, q.dtype)
+
+
+def _forward(static: _Static, lead, seed, seg, biases, arrays):
+    batch, heads, length, head = _dims(static, arrays[0])
+    bq = static.block_q
+    (q, k, v), specs = _operands(static, arrays, length, head, bq, None)
+    return _call(_forward_kernel, static, (batch, heads, length // bq),
+                 _common_specs(batch, heads, length, head) + specs,
+                 [_tile(static, bq, head), pl.BlockSpec((None, None, bq), lambda b, n, i: (b, n, i))],
+                 [_context_shape(static, q), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
                  "flash_attention_forward", lead, seed, seg, *biases, q, k, v)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(static: _Static, lead, seed, seg, biases, q, k, v):
-    return _forward(static, lead, seed, seg, biases, q, k, v)[0]
+def _flash(static: _Static, lead, seed, seg, biases, arrays):
+    return _forward(static, lead, seed, seg, biases, arrays)[0]
 
 
-def _flash_fwd(static, lead, seed, seg, biases, q, k, v):
-    o, lse = _forward(static, lead, seed, seg, biases, q, k, v)
-    return o, (lead, seed, seg, biases, q, k, v, o, lse)
+def _flash_fwd(static, lead, seed, seg, biases, arrays):
+    o, lse = _forward(static, lead, seed, seg, biases, arrays)
+    return o, (lead, seed, seg, biases, arrays, o, lse)
 
 
 def _flash_bwd(static, residuals, do):
-    lead, seed, seg, biases, q, k, v, o, lse = residuals
+    lead, seed, seg, biases, arrays, o, lse = residuals
+    q = arrays[0]
     batch, heads, length, head = _dims(static, q)
     do = do.astype(q.dtype)
     # D_i = rowsum(dO_i * O_i) = rowsum(dP_d * P_d) (algorithm 4): one elementwise pass, float32.
@@ -272,22 +304,38 @@ def _flash_bwd(static, residuals, do):
     common = _common_specs(batch, heads, length, head)
     whole = _tile(static, length, head, whole=True)
     whole_row = pl.BlockSpec((None, None, length), lambda b, n, i: (b, n, 0))
-    tile = lambda rows: _tile(static, rows, head)  # noqa: E731
+    tile = lambda rows: _tile(static, rows, head)  # noqa: E731  (do: the context's layout)
     tile_row = lambda rows: pl.BlockSpec((None, None, rows), lambda b, n, i: (b, n, i))  # noqa: E731
     bq, bk = static.block_q, static.block_k
+    (q, k, v), q_specs = _operands(static, arrays, length, head, bq, None)
+    (_, _, _), kv_specs = _operands(static, arrays, length, head, None, bk)
+    dq_spec = q_specs[0] if static.packed else tile(bq)  # packed: the query's slot of the packed gradient
     dq = _call(_dq_kernel, static, (batch, heads, length // bq),
-               common + [tile(bq), whole, whole, tile(bq), tile_row(bq), tile_row(bq)], tile(bq),
-               jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq",
+               common + q_specs + [tile(bq), tile_row(bq), tile_row(bq)], dq_spec,
+               jax.ShapeDtypeStruct(arrays[0].shape, q.dtype), "flash_attention_dq",
                lead, seed, seg, *biases, q, k, v, do, lse, delta)
-    dk, dv = _call(_dkv_kernel, static, (batch, heads, length // bk),
-                   common + [whole, tile(bk), tile(bk), whole, whole_row, whole_row], [tile(bk), tile(bk)],
-                   [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-                   "flash_attention_dkv", lead, seed, seg, *biases, q, k, v, do, lse, delta)
-    # A bias's gradient: its projection's summed over the batch and the tokens, float32.
-    tokens = (0, 2) if static.heads_major else (0, 1)
-    dbiases = tuple(jnp.sum(g.astype(jnp.float32), axis=tokens).astype(bias.dtype) for g, bias in
-                    zip((dq, dk, dv), biases)) if static.biased else tuple(jnp.zeros_like(b) for b in biases)
-    return None, None, None, dbiases, dq, dk, dv
+    kv_in = common + kv_specs + [whole, whole_row, whole_row]
+    if static.packed:  # the key and value slots written into the dq kernel's output, in place
+        packed = _call(_dkv_kernel, static, (batch, heads, length // bk), kv_in + [pl.BlockSpec(memory_space=pl.ANY)],
+                       pl.BlockSpec((None, bk, 2, None, head), lambda b, n, j: (b, j, 0, n, 0)),
+                       jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dkv",
+                       lead, seed, seg, *biases, q, k, v, do, lse, delta, dq, aliases={len(kv_in): 0})
+        grads = (packed,)
+    else:
+        dk, dv = _call(_dkv_kernel, static, (batch, heads, length // bk), kv_in, [tile(bk), tile(bk)],
+                       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+                       "flash_attention_dkv", lead, seed, seg, *biases, q, k, v, do, lse, delta)
+        grads = by_projection = (dq, dk, dv)
+    # A bias's gradient: its projection's summed over the batch and the tokens, float32 (packed: one reduction).
+    if not static.biased:
+        dbiases = tuple(jnp.zeros_like(b) for b in biases)
+    elif static.packed:
+        sums = jnp.sum(grads[0].astype(jnp.float32), axis=(0, 1))  # [3, N, H]
+        dbiases = tuple(sums[PACKED_SLOTS[name]].astype(b.dtype) for name, b in zip(("query", "key", "value"), biases))
+    else:
+        tokens = (0, 2) if static.heads_major else (0, 1)
+        dbiases = tuple(jnp.sum(g.astype(jnp.float32), axis=tokens).astype(b.dtype) for g, b in zip(grads, biases))
+    return None, None, None, dbiases, grads
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -322,7 +370,7 @@ def supported(dtype, head_size: int, length: int) -> bool:
     return check(dtype, head_size, length) is None
 
 
-def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dropout_rate: float = 0.0,
+def attention(query: Array, key: Array | None, value: Array | None, segment_ids: Array, *, dropout_rate: float = 0.0,
               seed: Array | None = None, lead_hashes: Array | None = None, block_q: int | None = None,
               block_k: int | None = None, interpret: bool = False, layout: str = "BNLH",
               bias: tuple[Array, Array, Array] | None = None, scale: float = 1.0) -> Array:
@@ -350,11 +398,14 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
       block_q, block_k: query and key tile lengths (default 64, clipped to L); must divide L. Neither changes
         the result beyond float rounding order, nor the dropout mask.
       interpret: run in Pallas's interpreter (any backend; the CPU tests).
-      layout: "BNLH" (query, key, value and the context [B, N, L, H]) or "BLNH" ([B, L, N, H], the projections'
-        own layout: the kernels read and write the (b, n) slices in place, no transpose to heads-major and back).
+      layout: "BNLH" (query, key, value and the context [B, N, L, H]), "BLNH" ([B, L, N, H], the projections'
+        own layout: the kernels read and write the (b, n) slices in place, no transpose to heads-major and back), or
+        "BL3NH": query is the three projections in one [B, L, 3, N, H] array (one matrix product's output; slots
+        `PACKED_SLOTS`: key, value, query), key and value None, the context [B, L, N, H]; its gradient is one
+        [B, L, 3, N, H] array, the key and value slots written in place into the query's.
 
     Returns:
-      context [B, N, L, H] in query's dtype ([B, L, N, H] for layout "BLNH").
+      context [B, N, L, H] in query's dtype ([B, L, N, H] for layouts "BLNH" and "BL3NH").
 
     Raises:
       ValueError (one line): an unknown layout, shapes that differ from [B, N, L, H] / [B, L] / [N, H] (biases), a
@@ -362,17 +413,25 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
         multiple of 8 in [8, 128], another dtype, a length not divisible by a block (or, on a GPU, a block
         that is not a power of two >= 16), dropout_rate outside [0, 1), dropout without a seed.
     """
-    if layout not in ("BNLH", "BLNH"):
-        raise ValueError(f"flash attention's layout is 'BNLH' or 'BLNH', got {layout!r}")
-    if query.ndim != 4 or key.shape != query.shape or value.shape != query.shape:
-        raise ValueError(f"flash attention needs query, key, value of one shape [{', '.join(layout)}], got "
-                         f"{query.shape}, {key.shape}, {value.shape}")
-    batch, heads, length, head = query.shape if layout == "BNLH" else (query.shape[0], query.shape[2],
-                                                                       query.shape[1], query.shape[3])
+    if layout not in ("BNLH", "BLNH", "BL3NH"):
+        raise ValueError(f"flash attention's layout is 'BNLH', 'BLNH' or 'BL3NH', got {layout!r}")
+    packed = layout == "BL3NH"
+    if packed:
+        if key is not None or value is not None or query.ndim != 5 or query.shape[2] != 3:
+            raise ValueError("flash attention's layout 'BL3NH' takes one [B, L, 3, N, H] array as query and None as "
+                             f"key and value, got {query.shape}, {getattr(key, 'shape', key)}, "
+                             f"{getattr(value, 'shape', value)}")
+        batch, length, _, heads, head = query.shape
+    else:
+        if query.ndim != 4 or getattr(key, "shape", None) != query.shape or getattr(value, "shape", None) != query.shape:
+            raise ValueError(f"flash attention needs query, key, value of one shape [{', '.join(layout)}], got "
+                             f"{query.shape}, {getattr(key, 'shape', key)}, {getattr(value, 'shape', value)}")
+        batch, heads, length, head = query.shape if layout == "BNLH" else (query.shape[0], query.shape[2],
+                                                                           query.shape[1], query.shape[3])
+        if key.dtype != query.dtype or value.dtype != query.dtype:
+            raise ValueError(f"flash attention needs one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     if segment_ids.shape != (batch, length):
         raise ValueError(f"flash attention needs segment_ids [B, L] = {(batch, length)}, got {segment_ids.shape}")
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        raise ValueError(f"flash attention needs one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     if bias is not None and (len(bias) != 3 or any(jnp.shape(b) != (heads, head) for b in bias)):
         raise ValueError(f"flash attention needs three biases [N, H] = {(heads, head)}, got "
                          f"{[jnp.shape(b) for b in bias] if isinstance(bias, (tuple, list)) else bias!r}")
@@ -392,14 +451,14 @@ def attention(query: Array, key: Array, value: Array, segment_ids: Array, *, dro
     # Triton tiles are powers of two and its dot needs K >= 16: pad the head (zeros change no q.k, and
     # value's zero columns give context columns that are cut off).
     padded = max(_MIN_GPU_BLOCK, 1 << (head - 1).bit_length())
-    pad = [(0, 0)] * 3 + [(0, padded - head)]
-    q, k, v = ((x if padded == head else jnp.pad(x, pad)) for x in (query, key, value))
+    arrays = tuple(x if padded == head else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded - head)])
+                   for x in ((query,) if packed else (query, key, value)))
     biases = tuple(jnp.zeros((heads, padded), query.dtype) for _ in range(3)) if bias is None else tuple(
         b if padded == head else jnp.pad(b, [(0, 0), (0, padded - head)]) for b in map(jnp.asarray, bias))
     static = _Static(block_q=_block(block_q, length), block_k=_block(block_k, length), threshold=threshold,
                      interpret=interpret, heads_major=layout == "BNLH", num_warps=4 if padded <= 64 else 8,
-                     num_stages=2, biased=bias is not None, scale=float(scale))
-    out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), biases, q, k, v)
+                     num_stages=2, biased=bias is not None, scale=float(scale), packed=packed)
+    out = _flash(static, lead, seed, segment_ids.astype(jnp.int32), biases, arrays)
     return out if padded == head else out[..., :head]
 
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from bert_jax.model.kernels import dropout, flash_gpu, layer_norm_gpu, reference, xla_cpu
-from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS
+from bert_jax.model.kernels.base import BATCH_AXES, HEADS_AXIS, PACKED_SLOTS
 
 IMPLEMENTATION = "cudnn"  # jax.nn.dot_product_attention's implementation; "xla" in CPU tests
 INTERPRET = False  # flash_gpu in Pallas's interpreter: True in CPU tests
@@ -58,34 +58,38 @@ def applies(dtype, head_size: int, length: int, dropout: bool) -> bool:
 
 def _flash(query, key, value, segment_ids, dropout_rate: float, seed: jax.Array, bias, scale: float) -> jax.Array:
     """flash_gpu's attention on query, key, value [B, L, N, H] (the projections' layout, "BLNH": no transpose to
-    heads-major and back) and biases [N, H] (or None) -> [B, L, N, H], per device under shard_map where a mesh
-    splits the batch or heads; each device draws its slice of the global [B, N, L, L] mask
-    (`flash_gpu.make_lead_hashes` of the global shape)."""
-    batch, heads = query.shape[0], query.shape[2]
+    heads-major and back), or on the packed projections [B, L, 3, N, H] ("BL3NH", key and value None), and biases
+    [N, H] (or None) -> [B, L, N, H], per device under shard_map where a mesh splits the batch or heads; each device
+    draws its slice of the global [B, N, L, L] mask (`flash_gpu.make_lead_hashes` of the global shape)."""
+    packed = key is None
+    batch, heads = query.shape[0], query.shape[-2]
     lead = flash_gpu.make_lead_hashes(seed, batch, heads)  # int32 [B, N]
 
     def local(q, k, v, s, lead_hashes, seed, bias):
         return flash_gpu.attention(q, k, v, s, dropout_rate=dropout_rate, seed=seed, lead_hashes=lead_hashes,
-                                   interpret=INTERPRET, layout="BLNH", bias=bias, scale=scale)
+                                   interpret=INTERPRET, layout="BL3NH" if packed else "BLNH", bias=bias, scale=scale)
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES + (HEADS_AXIS,)) <= set(mesh.axis_names):
         return local(query, key, value, segment_ids, lead, seed, bias)
-    qkv = P(BATCH_AXES, None, HEADS_AXIS, None)
+    out = P(BATCH_AXES, None, HEADS_AXIS, None)
+    qkv = P(BATCH_AXES, None, None, HEADS_AXIS, None) if packed else out
+    kv = None if packed else qkv
     bias_specs = None if bias is None else (P(HEADS_AXIS, None),) * 3  # their gradients summed over the batch shards
-    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, P(BATCH_AXES, None), P(BATCH_AXES, HEADS_AXIS),
+    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, kv, kv, P(BATCH_AXES, None), P(BATCH_AXES, HEADS_AXIS),
                                                      P(), bias_specs),
-                         out_specs=qkv, check_vma=False)(query, key, value, segment_ids, lead, seed, bias)
+                         out_specs=out, check_vma=False)(query, key, value, segment_ids, lead, seed, bias)
 
 
-def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array,
+def attention(query: jax.Array, key: jax.Array | None, value: jax.Array | None, segment_ids: jax.Array,
               dropout_rate: float = 0.0, seed: jax.Array | None = None, bias=None, scale: float = 1.0) -> jax.Array:
-    """query, key, value [B, N, L, H] in the compute dtype; segment_ids int32 [B, L]; bias None or the three
-    projections' biases [N, H] -> context [B, N, L, H]: softmax(q k^T) v over the keys of the query's segment with
-    q = (query + bias_q) * scale, k = key + bias_k, v = value + bias_v (flash_gpu adds them as it loads its tiles;
-    cuDNN's path first, in jnp); with dropout_rate > 0, inverted dropout on the probabilities with the mask
-    `dropout.keep_mask` draws from seed uint32 [2] (flash_gpu). `IMPLEMENTATION` and `INTERPRET` are read at
-    trace time.
+    """query, key, value [B, N, L, H] in the compute dtype, or query the packed projections [B, L, 3, N, H] (slots
+    `PACKED_SLOTS`) with key and value None; segment_ids int32 [B, L]; bias None or the three projections' biases
+    [N, H] -> context [B, N, L, H]: softmax(q k^T) v over the keys of the query's segment with q = (query + bias_q)
+    * scale, k = key + bias_k, v = value + bias_v (flash_gpu adds them as it loads its tiles, reading the packed
+    array in place; cuDNN's path first, in jnp); with dropout_rate > 0, inverted dropout on the probabilities with
+    the mask `dropout.keep_mask` draws from seed uint32 [2] (flash_gpu). `IMPLEMENTATION` and `INTERPRET` are read
+    at trace time.
 
     Raises:
       ValueError: dropout_rate > 0 without a seed, or a layer flash_gpu does not take (see `applies`).
@@ -94,9 +98,14 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: j
     if dropout_rate > 0:
         if seed is None:
             raise ValueError(f"gpu attention with dropout_rate={dropout_rate} needs a seed")
+        if key is None:
+            return jnp.swapaxes(_flash(query, None, None, segment_ids, dropout_rate, seed, bias, scale), 1, 2)
         # The model's [B, N, L, H] is its projections' [B, L, N, H] transposed: XLA cancels the two transposes.
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
         return jnp.swapaxes(_flash(q, k, v, segment_ids, dropout_rate, seed, bias, scale), 1, 2)
+    if key is None:  # the packed projections' slots, heads-major
+        query, key, value = (jnp.swapaxes(query[:, :, PACKED_SLOTS.index(name)], 1, 2)
+                             for name in ("query", "key", "value"))
     if bias is not None:  # the unfused projections' arithmetic: the bias added, then the scale, in the dtype
         query, key, value = ((x + b[:, None, :].astype(x.dtype)).astype(x.dtype) for x, b in
                              zip((query, key, value), bias))
@@ -143,5 +152,5 @@ bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
 
 
 KERNELS = dataclasses.replace(reference.KERNELS, name="gpu", dropout=dropout.HashedDropout, attention=attention,
-                              attention_applies=applies, attention_dropout=True, attention_bias=True,
+                              attention_applies=applies, attention_dropout=True, attention_packed=True,
                               dropout_add_layer_norm=dropout_add_layer_norm, bias_gelu=bias_gelu)

@@ -7,7 +7,8 @@ calls (cuBLAS / cuDNN / Pallas), copies, collectives and any unfused operation. 
 get-tuple-element, bitcasts, constants and the `-done` halves of asynchronous pairs launch nothing.
 
 A kernel's bytes are its operands' and its results' array sizes (for an asynchronous `-start`, its operands
-and the first element of its result, the destination): what it reads and writes once, per memory space (the
+and the first element of its result, the destination; an operand given twice counts once, and one its output
+aliases, written in place, counts as the output): what it reads and writes once, per memory space (the
 `S(n)` of a TPU layout; HBM is space 0). This is the roofline's memory term, the traffic the program's
 kernels cannot avoid if each reads its inputs once and writes its outputs once; caches can cut it, kernels
 that re-read a tile add to it. `cost_analysis()` gives no byte count for GPU programs, so this is the one
@@ -220,6 +221,20 @@ def _dot_dtypes(computations, called: str | None, operands: list[str], shapes: d
     return ()
 
 
+def _aliasing(attributes: str) -> str:
+    """The text of an instruction's output_to_operand_aliasing={...} attribute ("" without one)."""
+    start = attributes.find("output_to_operand_aliasing={")
+    if start < 0:
+        return ""
+    depth, i = 0, start + len("output_to_operand_aliasing=")
+    for j in range(i, len(attributes)):
+        depth += attributes[j] == "{"
+        depth -= attributes[j] == "}"
+        if depth == 0:
+            return attributes[i:j + 1]
+    return attributes[i:]
+
+
 def _walk(computations, name: str, count: int, out: list[Kernel]) -> None:
     body = computations.get(name, [])
     shapes = {n: shape for n, shape, *_ in body}
@@ -241,8 +256,12 @@ def _walk(computations, name: str, count: int, out: list[Kernel]) -> None:
         written = arrays(shape)
         if opcode.endswith("-start"):
             written = written[:1]
+        # Each distinct operand once (a kernel given one buffer several times reads it through different windows),
+        # and none that its output aliases (written in place: counted as the output).
+        aliased = {int(i) for i in re.findall(r"\((\d+), \{[\d,\s]*\}\)", _aliasing(attributes))}
+        read = dict.fromkeys(op for i, op in enumerate(operands) if i not in aliased)
         nbytes = collections.Counter()
-        for array in written + [a for op in operands for a in arrays(shapes.get(op, ""))]:
+        for array in written + [a for op in read for a in arrays(shapes.get(op, ""))]:
             nbytes[array.space] += array.nbytes
         kind = kind_of(opcode, attributes)
         op_name = re.search(r'op_name="([^"]*)"', attributes)
