@@ -33,12 +33,12 @@ def _segments(batch: int, length: int) -> np.ndarray:
 
 
 def kernel_checks(report: Report) -> bool:
-    """The gpu set's fused attention kernels against `flash_gpu.reference_attention`, value and gradients,
-    bfloat16, and on a GPU their fwd+bwd times at BERT-Large's shapes (`report.kernel_checks`). Prints a line per
+    """The gpu set's fused attention kernels (flash_gpu on q, k, v and, as training calls it, on the packed projections
+    with their biases; cuDNN's) against `flash_gpu.reference_attention`, value and gradients, bfloat16, and on a GPU their fwd+bwd times at BERT-Large's shapes (`report.kernel_checks`). Prints a line per
     case; True when every error is within 2e-2 of the largest entry."""
     import jax.numpy as jnp
 
-    from bert_jax.model.kernels import flash_gpu, gpu
+    from bert_jax.model.kernels import base, flash_gpu, gpu
 
     on_gpu = jax.default_backend() == "gpu"
     if not on_gpu:
@@ -48,20 +48,33 @@ def kernel_checks(report: Report) -> bool:
         f", cuDNN attention as {gpu.IMPLEMENTATION}), bfloat16, errors relative to the largest entry (bound 2e-2):")
     all_ok = True
     rng = jax.random.key(7)
-    cases = [("flash_gpu", 0.1), ("flash_gpu", 0.0), ("cudnn", 0.0)]
+    cases = [("flash_gpu", 0.1), ("flash_gpu packed", 0.1), ("flash_gpu", 0.0), ("cudnn", 0.0)]
     for b, n, length, h in shapes:
         keys = jax.random.split(jax.random.key(length), 4)
         q = (jax.random.normal(keys[0], (b, n, length, h)) / np.sqrt(h)).astype(jnp.bfloat16)
         k, v = (jax.random.normal(x, (b, n, length, h)).astype(jnp.bfloat16) for x in keys[1:3])
         weight = jax.random.normal(keys[3], (b, n, length, h)).astype(jnp.bfloat16)
         seg = jnp.asarray(_segments(b, length))
+        biases = [0.5 * jax.random.normal(jax.random.fold_in(keys[3], i), (n, h)) for i in range(3)]
         for name, rate in cases:
+            plain = functools.partial(flash_gpu.reference_attention, segment_ids=seg, dropout_rate=rate, rng=rng)
             if name == "flash_gpu":
                 kernel = functools.partial(flash_gpu.attention, segment_ids=seg, dropout_rate=rate,
                                            seed=flash_gpu.seeds(rng), interpret=not on_gpu)
+            elif name == "flash_gpu packed":  # the training path: the projections packed, their biases added in it
+                def kernel(q, k, v, rate=rate):
+                    slots = dict(query=q, key=k, value=v)
+                    packed = jnp.stack([jnp.swapaxes(slots[s], 1, 2) for s in base.PACKED_SLOTS], axis=2)
+                    return jnp.swapaxes(flash_gpu.attention(packed, None, None, seg, dropout_rate=rate, layout="BL3NH",
+                                                            seed=flash_gpu.seeds(rng), bias=tuple(biases),
+                                                            interpret=not on_gpu), 1, 2)
+
+                def plain(q, k, v, rate=rate):
+                    q, k, v = ((x + b[None, :, None, :].astype(x.dtype)).astype(x.dtype)  # the model's bias add
+                               for x, b in zip((q, k, v), biases))
+                    return flash_gpu.reference_attention(q, k, v, seg, dropout_rate=rate, rng=rng)
             else:
                 kernel = functools.partial(gpu.attention, segment_ids=seg)
-            plain = functools.partial(flash_gpu.reference_attention, segment_ids=seg, dropout_rate=rate, rng=rng)
 
             @jax.jit
             def both(q, k, v, weight, kernel=kernel, plain=plain):

@@ -126,7 +126,7 @@ def test_smoke_run_prints_every_row(tmp_path):
     assert result.stdout.startswith("env: jax ")
     checks = [line for line in result.stdout.splitlines() if line.startswith(("  flash_gpu", "  cudnn",
                                                                                "  layer_norm_gpu"))]
-    assert len(checks) == 4 and all(line.rstrip().endswith("s with compilation)") and " ok (" in line
+    assert len(checks) == 5 and all(line.rstrip().endswith("s with compilation)") and " ok (" in line
                                     for line in checks), result.stdout
     table = result.stdout[result.stdout.index("| size |"):].splitlines()
     assert len(table) == 4 and table[2].startswith("| tiny | 1 | bert_jax | 8 |") \
@@ -136,4 +136,4 @@ def test_smoke_run_prints_every_row(tmp_path):
     saved = json.loads(out.read_text())
     assert [(r["phase"], r["rows"]) for r in saved["rows"]] == [(1, 8), (2, 2)]
     assert all(r["compile_s"] > 0 and r["ms_per_step"] > 0 for r in saved["rows"])
-    assert len(saved["kernel_checks"]) == 4 and all(c["ok"] for c in saved["kernel_checks"])
+    assert len(saved["kernel_checks"]) == 5 and all(c["ok"] for c in saved["kernel_checks"])
