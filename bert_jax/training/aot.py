@@ -156,8 +156,8 @@ def print_phase(r: PhaseReport, target: targets.Target, budget: float, verbose: 
     print(f"    kernels per step {stats.kernel_launches}: {kinds}")
     recomputed, gemms = stats.recomputed()
     if recomputed:
-        print(f"    recomputed by XLA to fit the memory (rematerialisation): {recomputed} kernels, {gemms} of them matrix "
-              f"multiplications, FLOPs the model's count leaves out (fewer rows per micro-batch avoid them: "
+        print(f"    recomputed by XLA to fit the memory (rematerialisation): {recomputed} kernels, {gemms} of them "
+              f"matrix multiplications, FLOPs the model's count leaves out (fewer rows per micro-batch avoid them: "
               f"'--config.phases[{p.index}].grad_accum_steps')")
     print(f"    by pass: {passes}")
     spaces = stats.bytes_by_space()

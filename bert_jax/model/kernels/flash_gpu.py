@@ -423,7 +423,8 @@ def attention(query: Array, key: Array | None, value: Array | None, segment_ids:
                              f"{getattr(value, 'shape', value)}")
         batch, length, _, heads, head = query.shape
     else:
-        if query.ndim != 4 or getattr(key, "shape", None) != query.shape or getattr(value, "shape", None) != query.shape:
+        shapes = (query.shape, getattr(key, "shape", None), getattr(value, "shape", None))
+        if query.ndim != 4 or shapes[1] != query.shape or shapes[2] != query.shape:
             raise ValueError(f"flash attention needs query, key, value of one shape [{', '.join(layout)}], got "
                              f"{query.shape}, {getattr(key, 'shape', key)}, {getattr(value, 'shape', value)}")
         batch, heads, length, head = query.shape if layout == "BNLH" else (query.shape[0], query.shape[2],
