@@ -58,34 +58,42 @@ def kernel_checks(report: Report) -> bool:
         biases = [0.5 * jax.random.normal(jax.random.fold_in(keys[3], i), (n, h)) for i in range(3)]
         for name, rate in cases:
             plain = functools.partial(flash_gpu.reference_attention, segment_ids=seg, dropout_rate=rate, rng=rng)
+            names, extra = ("context", "dq", "dk", "dv"), ()
             if name == "flash_gpu":
                 kernel = functools.partial(flash_gpu.attention, segment_ids=seg, dropout_rate=rate,
                                            seed=flash_gpu.seeds(rng), interpret=not on_gpu)
-            elif name == "flash_gpu packed":  # the training path: the projections packed, their biases added in it
-                def kernel(q, k, v, rate=rate):
+            elif name == "flash_gpu packed":  # as training calls it: the projections packed, biases and scale in it
+                scale = 1.0 / np.sqrt(h)
+
+                def kernel(q, k, v, bq, bk, bv, rate=rate, scale=scale):
                     slots = dict(query=q, key=k, value=v)
                     packed = jnp.stack([jnp.swapaxes(slots[s], 1, 2) for s in base.PACKED_SLOTS], axis=2)
                     return jnp.swapaxes(flash_gpu.attention(packed, None, None, seg, dropout_rate=rate, layout="BL3NH",
-                                                            seed=flash_gpu.seeds(rng), bias=tuple(biases),
+                                                            seed=flash_gpu.seeds(rng), bias=(bq, bk, bv), scale=scale,
                                                             interpret=not on_gpu), 1, 2)
 
-                def plain(q, k, v, rate=rate):
+                def plain(q, k, v, bq, bk, bv, rate=rate, scale=scale):
                     q, k, v = ((x + b[None, :, None, :].astype(x.dtype)).astype(x.dtype)  # the model's bias add
-                               for x, b in zip((q, k, v), biases))
-                    return flash_gpu.reference_attention(q, k, v, seg, dropout_rate=rate, rng=rng)
+                               for x, b in zip((q, k, v), (bq, bk, bv)))
+                    return flash_gpu.reference_attention((q * scale).astype(q.dtype), k, v, seg, dropout_rate=rate,
+                                                         rng=rng)
+
+                # d bias_k is 0 up to rounding (q . bias_k shifts a whole softmax row): not compared.
+                names, extra = names + ("d bias_q", "d bias_v"), tuple(biases)
             else:
                 kernel = functools.partial(gpu.attention, segment_ids=seg)
 
             @jax.jit
-            def both(q, k, v, weight, kernel=kernel, plain=plain):
+            def both(q, k, v, weight, *bias, kernel=kernel, plain=plain):
                 out = []
                 for f in (kernel, plain):
-                    value, vjp = jax.vjp(f, q, k, v)
-                    out.append((value, *vjp(weight)))
+                    value, vjp = jax.vjp(f, q, k, v, *bias)
+                    grads = vjp(weight)
+                    out.append((value, *grads[:3], *((grads[3], grads[5]) if bias else ())))
                 return out
 
             all_ok &= _check_case(report, f"{name} [{b}, {n}, {length}, {h}] dropout {rate}",
-                                  lambda: both(q, k, v, weight), ("context", "dq", "dk", "dv"))
+                                  lambda: both(q, k, v, weight, *extra), names)
     all_ok &= _layer_norm_checks(report, on_gpu, rng)
     if on_gpu:
         _kernel_times(report, rng)

@@ -329,8 +329,8 @@ class BertSelfAttention(nn.Module):
         if op.takes_packed(x.shape[1], deterministic):
             # One matrix product for the three projections, their biases and the query's scale left to the kernel.
             kernel = jnp.stack([weights[name][0].astype(dtype) for name in PACKED_SLOTS], axis=1)  # [D, 3, N, H]
-            packed = jnp.dot(x.reshape(-1, d).astype(dtype), kernel.reshape(d, 3 * n * h))
-            packed = nn.with_logical_constraint(packed.reshape(x.shape[0], x.shape[1], 3, n, h),
+            # Heads kept an axis of their own, so a tensor-split kernel stays split (no gather of the weights).
+            packed = nn.with_logical_constraint(jnp.einsum("bld,dsnh->blsnh", x.astype(dtype), kernel),
                                                 ("batch", "length", None, "heads", "kv"))
             context = op(packed, None, None, mask, deterministic, positions,
                          tuple(weights[name][1] for name in ("query", "key", "value")))  # [B, Q, N, H]

@@ -96,8 +96,8 @@ def _dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
 
 def _projected(static: _Static, x: Array, bias_ref, scale: float = 1.0) -> Array:
     """A loaded q, k or v tile [rows, H] as the attention reads it: (x + bias) * scale in x's dtype, rounded after
-    each operation as the unfused path's bias add and division; x itself when the call has no biases (`_Static.biased`)
-    and scale 1."""
+    each operation (the unfused path's bias add, then a multiplication by `scale`: its division by sqrt(H) to within
+    an ulp, exactly for H = 64); x itself when the call has no biases (`_Static.biased`) and scale 1."""
     if static.biased:
         x = (x + bias_ref[...][None, :].astype(x.dtype)).astype(x.dtype)
     return x if scale == 1.0 else (x * scale).astype(x.dtype)
