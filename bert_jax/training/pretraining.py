@@ -290,11 +290,15 @@ class Program:
     shardings: Any
     train_step: Callable
     eval_step: Callable
-    train_steps: dict[int, Callable] = dataclasses.field(default_factory=dict)
+    train_steps: dict[int, Callable]
 
     def step_for(self, phase: Phase) -> Callable:
-        """The jitted train step of `phase`'s grad_accum_steps micro-batches."""
-        return self.train_steps.get(phase.grad_accum_steps, self.train_step)
+        """The jitted train step of `phase`'s grad_accum_steps micro-batches.
+
+        Raises:
+          KeyError: a phase of another config (`build` makes one step per phase's grad_accum_steps).
+        """
+        return self.train_steps[phase.grad_accum_steps]
 
 
 def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program:
@@ -309,12 +313,10 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Program
     abstract, shardings = steps.state_shardings(state_init(model, tx, config.seed), mesh)
     sharding.check_divisible(abstract, shardings)
     step, evaluate = compile_steps(model, tx, schedule, mesh, shardings, config.grad_accum_steps)
-    per_phase = {config.grad_accum_steps: step}
-    for phase in resolve_phases(config):
-        if phase.grad_accum_steps not in per_phase:
-            per_phase[phase.grad_accum_steps] = compile_steps(model, tx, schedule, mesh, shardings,
-                                                              phase.grad_accum_steps)[0]
-    return Program(model, tx, schedule, abstract, shardings, step, evaluate, per_phase)
+    train_steps = {config.grad_accum_steps: step}
+    for k in {p.grad_accum_steps for p in resolve_phases(config)} - train_steps.keys():
+        train_steps[k] = compile_steps(model, tx, schedule, mesh, shardings, k)[0]
+    return Program(model, tx, schedule, abstract, shardings, step, evaluate, train_steps)
 
 
 def lower_step(program: Program, mesh: jax.sharding.Mesh, phase: Phase) -> jax.stages.Lowered:
